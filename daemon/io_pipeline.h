@@ -64,6 +64,7 @@ class IoPipeline {
   std::deque<uint64_t> held_;  // tags waiting for a free queue slot
   uint32_t in_flight_ = 0;     // requests submitted to the queue
   std::vector<IoCompletion> completions_;  // reused scratch
+  std::vector<IoRequest> batch_;           // reused scratch for SubmitHeld
 };
 
 }  // namespace ckpt

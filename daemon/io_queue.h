@@ -64,7 +64,9 @@ class IoQueue {
 
 // io_uring queue of `depth` entries; `registered` buffers are registered
 // with the ring once, at creation (index i of the span is registered index
-// i). Fails if the kernel has no io_uring or refuses the registration.
+// i). With no registered buffers, requests' registered_index is ignored and
+// plain reads/writes are used. Fails if the kernel has no io_uring or
+// refuses the registration.
 absl::StatusOr<std::unique_ptr<IoQueue>> CreateUringQueue(
     uint32_t depth, absl::Span<const iovec> registered);
 
@@ -72,8 +74,9 @@ absl::StatusOr<std::unique_ptr<IoQueue>> CreateUringQueue(
 // completion is held until Reap.
 std::unique_ptr<IoQueue> CreatePwriteQueue(uint32_t depth);
 
-// io_uring when the kernel allows it; otherwise logs once (per process) why
-// not and returns the pwrite queue.
+// io_uring with registered buffers when the kernel allows it; else io_uring
+// without registration (registration needs RLIMIT_MEMLOCK headroom); else
+// the pwrite queue. Each fallback is logged once per process, with why.
 std::unique_ptr<IoQueue> CreateBestIoQueue(uint32_t depth,
                                            absl::Span<const iovec> registered);
 

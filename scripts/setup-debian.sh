@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs everything ckptd needs to build, test and benchmark on Debian 12.
+# Installs everything ckptd needs to build, test and benchmark on Debian 12:
+# the toolchain and libraries from Debian's packages, and a project virtual
+# environment (.venv) with the Python packages the format checks use.
 # Idempotent; safe to run again. Needs root (or sudo).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -10,7 +13,7 @@ packages=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libxxhash-dev catch2
-  fio python3
+  fio python3 python3-venv
 )
 
 missing=()
@@ -22,3 +25,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+  -r scripts/requirements-test.txt

@@ -1,0 +1,35 @@
+// Deterministic test data: word i of (rank, step) is a SplitMix64 of a seed,
+// so a restore can be checked without keeping a copy of what was saved.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ckpt {
+
+inline uint64_t PatternWord(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline uint64_t PatternSeed(uint32_t rank, uint32_t step) {
+  return (uint64_t{rank} << 32) ^ (uint64_t{step} * 0x51ed27ull) ^ 0xc0ffeeull;
+}
+
+// Fills `words` 8-byte words at `data`.
+inline void FillPattern(uint64_t* data, size_t words, uint64_t seed) {
+  for (size_t i = 0; i < words; ++i) data[i] = PatternWord(seed, i);
+}
+
+// Index of the first word that differs, or `words` if all match.
+inline size_t FirstPatternMismatch(const uint64_t* data, size_t words,
+                                   uint64_t seed) {
+  for (size_t i = 0; i < words; ++i) {
+    if (data[i] != PatternWord(seed, i)) return i;
+  }
+  return words;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,176 @@
+// ckptctl: the operator's CLI for ckptd.
+//
+//   ckptctl [--socket PATH] status [--watch]   in-flight saves, live progress
+//   ckptctl [--socket PATH] list [JOB]         checkpoints (committed or not)
+//   ckptctl [--socket PATH] cancel JOB CHECKPOINT
+//
+// Exit status: 0 on success, 1 on an error from the daemon, 2 on bad usage.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/ckpt_client.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: ckptctl [--socket PATH] COMMAND\n"
+    "  status [--watch]        in-flight saves with progress (--watch: live)\n"
+    "  list [JOB]              checkpoints of JOB (default: every job)\n"
+    "  cancel JOB CHECKPOINT   cancel an in-flight checkpoint\n";
+
+std::string Bytes(double n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (n >= 1024 && u < 4) {
+    n /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", n, units[u]);
+}
+
+std::string Bar(uint64_t done, uint64_t total, int width) {
+  const int filled = total == 0 ? 0 : static_cast<int>(width * done / total);
+  return absl::StrCat("[", std::string(filled, '#'),
+                      std::string(width - filled, '.'), "]");
+}
+
+std::string PhaseName(ckpt::v1::Phase phase) {
+  const std::string& name = ckpt::v1::Phase_Name(phase);
+  return absl::StartsWith(name, "PHASE_") ? name.substr(6) : name;
+}
+
+// One line per in-flight save: staged and written bars, rate, ETA.
+std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
+  std::string out = absl::StrFormat(
+      "ckptd %s pid %u  root %s  io %s  pool %s (%s free)  peak rss %s  "
+      "sessions %u\n",
+      s.version(), s.pid(), s.root(), s.io_backend(),
+      Bytes(s.staging_pool_bytes()), Bytes(s.staging_pool_free_bytes()),
+      Bytes(s.peak_rss_bytes()), s.sessions());
+  if (s.saves().empty()) return out + "no saves in flight\n";
+  for (const auto& p : s.saves()) {
+    const double elapsed =
+        std::max<int64_t>(1, s.now_unix_micros() - p.accepted_unix_micros()) / 1e6;
+    const double rate = p.bytes_written() / elapsed;
+    const double left = static_cast<double>(p.total_bytes() - std::min(p.total_bytes(), p.bytes_written()));
+    const std::string eta = rate > 0 ? absl::StrFormat("%.1fs", left / rate) : "?";
+    absl::StrAppendFormat(
+        &out,
+        "%s/%s rank %u/%u %-9s staged %s %s  written %s %s / %s  %s/s  ETA %s\n",
+        p.job(), p.checkpoint(), p.rank(), p.world_size(), PhaseName(p.phase()),
+        Bar(p.bytes_staged(), p.total_bytes(), 20), Bytes(p.bytes_staged()),
+        Bar(p.bytes_written(), p.total_bytes(), 20), Bytes(p.bytes_written()),
+        Bytes(p.total_bytes()), Bytes(rate), eta);
+  }
+  return out;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "ckptctl: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Status(ckpt::v1::Ckptd::Stub& stub, bool watch) {
+  while (true) {
+    ckpt::v1::DaemonStatusResponse response;
+    grpc::ClientContext context;
+    auto status = ckpt::FromGrpc(
+        stub.DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &response),
+        "DaemonStatus");
+    if (!status.ok()) return Fail(status);
+    const std::string text = RenderStatus(response);
+    // Redraw in place on a terminal.
+    if (watch && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    if (!watch) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+int List(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
+  ckpt::v1::ListCheckpointsRequest request;
+  request.set_job(job);
+  ckpt::v1::ListCheckpointsResponse response;
+  grpc::ClientContext context;
+  auto status =
+      ckpt::FromGrpc(stub.ListCheckpoints(&context, request, &response), "List");
+  if (!status.ok()) return Fail(status);
+  std::printf("%-24s %-24s %-12s %6s %12s  %s\n", "JOB", "CHECKPOINT", "STATE",
+              "RANKS", "SIZE", "COMMITTED");
+  for (const auto& c : response.checkpoints()) {
+    const std::string when =
+        c.committed()
+            ? absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                               absl::FromUnixMicros(c.committed_unix_micros()),
+                               absl::UTCTimeZone())
+            : "-";
+    std::printf("%-24s %-24s %-12s %6u %12s  %s%s\n", c.job().c_str(),
+                c.checkpoint().c_str(), c.committed() ? "committed" : "uncommitted",
+                c.world_size(), Bytes(c.total_bytes()).c_str(), when.c_str(),
+                c.latest() ? "  (latest)" : "");
+  }
+  return 0;
+}
+
+int Cancel(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
+           const std::string& checkpoint) {
+  ckpt::v1::CancelRequest request;
+  request.set_job(job);
+  request.set_checkpoint(checkpoint);
+  ckpt::v1::CancelResponse response;
+  grpc::ClientContext context;
+  auto status = ckpt::FromGrpc(stub.Cancel(&context, request, &response), "Cancel");
+  if (!status.ok()) return Fail(status);
+  std::printf("cancelled %s/%s (%u rank saves)\n", job.c_str(), checkpoint.c_str(),
+              response.cancelled_saves());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket = ckpt::kDefaultSocket;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket" && i + 1 < argc) {
+      socket = argv[++i];
+    } else if (absl::StartsWith(a, "--socket=")) {
+      socket = a.substr(9);
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(socket));
+  const std::string& command = args[0];
+  if (command == "status" && args.size() <= 2 &&
+      (args.size() == 1 || args[1] == "--watch")) {
+    return Status(*stub, args.size() == 2);
+  }
+  if (command == "list" && args.size() <= 2) {
+    return List(*stub, args.size() == 2 ? args[1] : "");
+  }
+  if (command == "cancel" && args.size() == 3) {
+    return Cancel(*stub, args[1], args[2]);
+  }
+  std::fputs(kUsage, stderr);
+  return 2;
+}

@@ -1,0 +1,37 @@
+// DaemonOptions: every tunable of ckptd in one place, with its default.
+// Flags of the same name (see main.cc) override the defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ckpt {
+
+struct DaemonOptions {
+  // gRPC socket; the handshake socket is "<socket>.session".
+  std::string socket = "/run/ckptd/ckptd.sock";
+  // Storage root: <root>/<job>/<checkpoint>/...
+  std::string root = "/var/lib/ckptd";
+  // Pinned staging memory; the daemon's memory bound (invariant 5).
+  uint64_t pool_bytes = 512ull << 20;
+  // One staging buffer = one O_DIRECT write or read.
+  uint32_t buffer_bytes = 8u << 20;
+  // I/O worker threads, each with its own io_uring; one data file each at a
+  // time, so this many ranks stage in parallel.
+  uint32_t io_workers = 8;
+  // io_uring entries per worker (transfers in flight per file).
+  uint32_t queue_depth = 16;
+  // Granularity of the per-item XXH3 checksums in the manifest.
+  uint64_t checksum_block_bytes = 1ull << 20;
+  // Largest gRPC message accepted (a save request with its byte items).
+  uint32_t max_request_bytes = 64u << 20;
+  // Items (tensors + byte items) per save request.
+  uint32_t max_items_per_save = 1u << 20;
+  uint32_t max_sessions = 1024;
+  // Storage write rate cap in bytes/s across the daemon; 0 = unlimited.
+  // Keeps checkpoint traffic from starving the trainer's own I/O.
+  uint64_t write_rate_limit = 0;
+  uint32_t node_id = 0;
+};
+
+}  // namespace ckpt

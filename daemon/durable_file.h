@@ -1,0 +1,56 @@
+// Durable small-file writes and directory syncs: the building blocks of the
+// commit protocol.
+//
+// WriteFileDurably(dir, name, bytes) makes `name` appear atomically with
+// exactly `bytes` and survive power loss:
+//   1. write `bytes` to "<name>.tmp.<pid>.<n>" (created O_EXCL, so two
+//      writers never share a temporary),
+//   2. fsync the temporary,
+//   3. rename it over `name`,
+//   4. fsync the directory so the rename itself is durable.
+// A crash before step 3 leaves only a stray temporary that readers ignore; a
+// crash after it leaves the complete new file. FileOps is the test seam: a
+// test fails each step on purpose and checks the Status that comes back and
+// that the old content of `name` is intact.
+//
+// Thread-safety: the functions are; FileOps implementations must be.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ckpt {
+
+// The syscalls the protocol uses, one method per step so tests can fail any.
+class FileOps {
+ public:
+  virtual ~FileOps() = default;
+  virtual absl::StatusOr<int> CreateExclusive(const std::string& path);
+  virtual absl::Status WriteAll(int fd, absl::string_view bytes,
+                                const std::string& path);
+  virtual absl::Status Fsync(int fd, const std::string& path);
+  virtual absl::Status Rename(const std::string& from, const std::string& to);
+  virtual absl::Status FsyncDir(const std::string& dir);
+};
+
+// The real syscalls.
+FileOps& DefaultFileOps();
+
+absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
+                              absl::string_view bytes,
+                              FileOps& ops = DefaultFileOps());
+
+// Reads a whole (small) file.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
+
+// mkdir that succeeds if the directory exists; then fsyncs the parent so the
+// new entry is durable.
+absl::Status MakeDirDurably(const std::string& parent, absl::string_view name);
+
+// Removes a directory tree (used for uncommitted leftovers and retention).
+absl::Status RemoveTree(const std::string& path);
+
+}  // namespace ckpt

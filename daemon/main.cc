@@ -1,0 +1,67 @@
+// ckptd: the checkpoint daemon. main only parses flags and starts the
+// server (daemon/server.h does the wiring).
+#include <csignal>
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/log.h"
+#include "daemon/daemon_options.h"
+#include "daemon/server.h"
+
+namespace {
+const ckpt::DaemonOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, socket, kDefaults.socket,
+          "gRPC Unix socket; the handshake socket is <socket>.session");
+ABSL_FLAG(std::string, root, kDefaults.root, "storage root directory");
+ABSL_FLAG(uint64_t, pool_bytes, kDefaults.pool_bytes,
+          "pinned staging pool size in bytes (the daemon's memory bound)");
+ABSL_FLAG(uint32_t, buffer_bytes, kDefaults.buffer_bytes,
+          "staging buffer size (one O_DIRECT transfer), a multiple of 4096");
+ABSL_FLAG(uint32_t, io_workers, kDefaults.io_workers,
+          "I/O worker threads, each with its own io_uring");
+ABSL_FLAG(uint32_t, queue_depth, kDefaults.queue_depth,
+          "io_uring entries per worker");
+ABSL_FLAG(uint64_t, checksum_block_bytes, kDefaults.checksum_block_bytes,
+          "bytes per XXH3 checksum block");
+ABSL_FLAG(uint32_t, max_request_bytes, kDefaults.max_request_bytes,
+          "largest accepted gRPC message");
+ABSL_FLAG(uint64_t, write_rate_limit, kDefaults.write_rate_limit,
+          "storage write cap in bytes/s (0: unlimited)");
+ABSL_FLAG(uint32_t, node_id, kDefaults.node_id, "this node's id");
+ABSL_FLAG(bool, verbose, false, "log debug messages");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("ckptd: checkpoint sidecar daemon");
+  absl::ParseCommandLine(argc, argv);
+  ckpt::DaemonOptions options;
+  options.socket = absl::GetFlag(FLAGS_socket);
+  options.root = absl::GetFlag(FLAGS_root);
+  options.pool_bytes = absl::GetFlag(FLAGS_pool_bytes);
+  options.buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
+  options.io_workers = absl::GetFlag(FLAGS_io_workers);
+  options.queue_depth = absl::GetFlag(FLAGS_queue_depth);
+  options.checksum_block_bytes = absl::GetFlag(FLAGS_checksum_block_bytes);
+  options.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  options.write_rate_limit = absl::GetFlag(FLAGS_write_rate_limit);
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
+
+  // SIGTERM/SIGINT are taken synchronously by RunServer.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  absl::Status status = ckpt::RunServer(options, signals);
+  if (!status.ok()) {
+    ckpt::LogError("ckptd: ", status.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,141 @@
+// SaveCoordinator: turns rank save requests into committed checkpoints.
+//
+// Every rank of a job calls Save for the same checkpoint name; each call
+// becomes a Part (that rank's data file). Submit validates the request and
+// queues the part on the I/O workers, so the call returns at ACCEPTED. A
+// worker stages and writes the part (ShardWriter); when the last of the
+// world_size parts is durable, that worker writes the node manifest
+// (DURABLE), then COMMIT and LATEST (COMMITTED). Any part failing, a cancel,
+// or a rank whose session closes before it submitted fails the whole
+// checkpoint: its other parts are cancelled and its directory removed, so
+// nothing partial is ever committed.
+//
+// Progress is published per part with a version number; WatchNext lets a
+// gRPC stream wait for the next version without blocking a thread.
+//
+// Thread-safety: all public methods may be called from any thread. Lock
+// order: mu_ is never held while calling a listener, the store or a worker.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "ckpt/v1/control.pb.h"
+#include "daemon/checkpoint_store.h"
+#include "daemon/daemon_options.h"
+#include "daemon/io_workers.h"
+#include "daemon/rate_limiter.h"
+#include "daemon/save_plan.h"
+#include "daemon/session.h"
+#include "daemon/shard_writer.h"
+#include "daemon/staging_pool.h"
+
+namespace ckpt {
+
+class SaveCoordinator {
+ public:
+  using Listener =
+      std::function<void(const v1::SaveProgress& progress, uint64_t version)>;
+
+  SaveCoordinator(const DaemonOptions& options, const CheckpointStore* store,
+                  StagingPool* pool, IoWorkers* workers);
+
+  // Validates and queues this rank's part; returns its save id.
+  absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
+                                  const v1::SaveRequest& request);
+
+  // Calls `listener` once, with the part's progress as soon as its version
+  // is greater than `after` (at once if it already is). `session` must own
+  // the save.
+  absl::Status WatchNext(const Session& session, uint64_t save_id,
+                         uint64_t after, Listener listener);
+
+  // Cancels the checkpoint that save `save_id` of `session` belongs to.
+  absl::StatusOr<uint32_t> CancelSave(const Session& session, uint64_t save_id);
+  // Operator cancel of an in-flight checkpoint by name.
+  absl::StatusOr<uint32_t> CancelCheckpoint(absl::string_view job,
+                                            absl::string_view checkpoint);
+
+  // Progress of every part not yet in a final phase.
+  std::vector<v1::SaveProgress> InFlight() const;
+
+  // Fails in-flight checkpoints of the session's job that still wait for
+  // the session's rank.
+  void OnSessionClosed(const std::shared_ptr<Session>& session);
+
+ private:
+  struct Checkpoint;
+  struct Part {
+    uint64_t id = 0;
+    std::shared_ptr<Session> session;
+    std::shared_ptr<Checkpoint> checkpoint;
+    std::shared_ptr<const TensorLayout> tensors;  // shared across saves
+    std::vector<v1::ByteItem> byte_items;
+    std::string file_name;
+    std::atomic<bool> cancelled{false};
+    // Guarded by SaveCoordinator::mu_.
+    v1::SaveProgress progress;
+    uint64_t version = 0;
+    std::vector<Listener> listeners;
+    std::chrono::steady_clock::time_point last_publish;
+    ShardWriteResult result;
+    bool done = false;  // the worker finished with it
+  };
+  struct Checkpoint {
+    std::string job, name;
+    uint32_t world_size = 0;
+    std::map<uint32_t, std::shared_ptr<Part>> parts;  // by rank
+    uint32_t durable_parts = 0;
+    v1::Phase final_phase = v1::PHASE_UNSPECIFIED;    // FAILED/CANCELLED/...
+    std::string reason;
+    std::once_flag prepared;
+    absl::Status prepare_status;
+  };
+  // Listeners to call, with what to tell them, once mu_ is released.
+  struct Notification {
+    std::vector<Listener> listeners;
+    v1::SaveProgress progress;
+    uint64_t version = 0;
+  };
+  using Notifications = std::vector<Notification>;
+
+  void RunPart(const std::shared_ptr<Part>& part, IoQueue& queue);
+  void FinishPart(const std::shared_ptr<Part>& part, absl::Status status);
+  void CommitCheckpoint(const std::shared_ptr<Checkpoint>& checkpoint);
+  // Marks the checkpoint failed/cancelled and cancels its parts.
+  void EndCheckpointLocked(Checkpoint& checkpoint, v1::Phase phase,
+                           std::string reason, Notifications* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a failed checkpoint once no worker uses it any more.
+  void MaybeRetireLocked(const std::shared_ptr<Checkpoint>& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bumps the part's version; collects listeners to call after unlocking.
+  void PublishLocked(Part& part, bool force, Notifications* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Notify(Notifications& notifications);
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const DaemonOptions options_;
+  const CheckpointStore* const store_;
+  StagingPool* const pool_;
+  IoWorkers* const workers_;
+  RateLimiter limiter_;
+
+  mutable std::mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // In-flight checkpoints by "job/name".
+  std::map<std::string, std::shared_ptr<Checkpoint>> checkpoints_
+      ABSL_GUARDED_BY(mu_);
+  // Every part by id, kept a while after it ends so late watchers see it.
+  std::map<uint64_t, std::shared_ptr<Part>> parts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt

@@ -1,0 +1,107 @@
+#include "daemon/save_plan.h"
+
+#include "absl/container/flat_hash_set.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "daemon/dtype.h"
+
+namespace ckpt {
+
+absl::Status ValidateTensorItem(const v1::TensorItem& item) {
+  RETURN_IF_ERROR(ValidateFqn(item.fqn()));
+  auto context = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("item ", item.fqn(), ": ", what));
+  };
+  auto size = DTypeSize(item.dtype());
+  if (!size.ok()) return context(size.status().message());
+  const int rank = item.global_shape_size();
+  if (item.offsets_size() != rank || item.local_shape_size() != rank) {
+    return context(absl::StrCat("global shape has ", rank, " dims but offsets ",
+                                item.offsets_size(), " and local shape ",
+                                item.local_shape_size()));
+  }
+  unsigned __int128 numel = 1;
+  for (int d = 0; d < rank; ++d) {
+    const uint64_t g = item.global_shape(d), o = item.offsets(d),
+                   l = item.local_shape(d);
+    if (o > g || l > g - o) {
+      return context(absl::StrCat("box [", o, ", +", l, ") of dim ", d,
+                                  " is outside global size ", g));
+    }
+    numel *= l;
+    if (numel > (unsigned __int128){1} << 62) return context("tensor too large");
+  }
+  const unsigned __int128 bytes = numel * *size;
+  if (bytes != item.memory().length()) {
+    return context(absl::StrCat("local shape and dtype make ",
+                                static_cast<uint64_t>(bytes),
+                                " bytes but memory length is ",
+                                item.memory().length()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
+    const Session& session,
+    const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
+    uint32_t max_items) {
+  if (static_cast<uint64_t>(tensors.size()) > max_items) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request has ", tensors.size(), " tensor items; the limit is ", max_items));
+  }
+  auto layout = std::make_shared<TensorLayout>();
+  layout->items.reserve(tensors.size());
+  layout->entries.reserve(tensors.size());
+  layout->remote.reserve(tensors.size());
+  layout->lengths.reserve(tensors.size());
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(tensors.size());
+  for (const v1::TensorItem& item : tensors) {
+    RETURN_IF_ERROR(ValidateTensorItem(item));
+    if (!seen.insert(item.fqn()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate fqn ", item.fqn(), " in request"));
+    }
+    auto remote = session.Resolve(item.memory());
+    if (!remote.ok()) {
+      return Annotate(remote.status(), absl::StrCat("item ", item.fqn()));
+    }
+    SafetensorsEntry entry;
+    entry.fqn = item.fqn();
+    entry.dtype = item.dtype();
+    entry.local_shape.assign(item.local_shape().begin(), item.local_shape().end());
+    entry.offsets.assign(item.offsets().begin(), item.offsets().end());
+    entry.length = item.memory().length();
+    layout->entries.push_back(std::move(entry));
+    layout->items.push_back(item);
+    layout->remote.push_back(*remote);
+    layout->lengths.push_back(item.memory().length());
+    layout->tensor_bytes += item.memory().length();
+  }
+  ASSIGN_OR_RETURN(layout->file, BuildSafetensorsLayout(layout->entries));
+  return std::shared_ptr<const TensorLayout>(std::move(layout));
+}
+
+absl::Status ValidateByteItems(
+    const TensorLayout& layout,
+    const google::protobuf::RepeatedPtrField<v1::ByteItem>& byte_items) {
+  absl::flat_hash_set<absl::string_view> seen;
+  for (const v1::ByteItem& item : byte_items) {
+    RETURN_IF_ERROR(ValidateFqn(item.fqn()));
+    if (!seen.insert(item.fqn()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate byte item fqn ", item.fqn()));
+    }
+  }
+  for (const SafetensorsEntry& entry : layout.entries) {
+    if (seen.contains(entry.fqn)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fqn ", entry.fqn, " names both a tensor and a byte item"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,93 @@
+#include "daemon/server.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <memory>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "daemon/checkpoint_store.h"
+#include "daemon/io_workers.h"
+#include "daemon/loader.h"
+#include "daemon/save_coordinator.h"
+#include "daemon/service.h"
+#include "daemon/session.h"
+#include "daemon/staging_pool.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ckpt {
+namespace {
+
+absl::Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const DaemonOptions& o) {
+  if (o.root.empty()) return absl::InvalidArgumentError("--root is empty");
+  if (o.socket.empty()) return absl::InvalidArgumentError("--socket is empty");
+  if (o.io_workers == 0 || o.queue_depth == 0) {
+    return absl::InvalidArgumentError("--io_workers and --queue_depth must be > 0");
+  }
+  if (o.checksum_block_bytes == 0) {
+    return absl::InvalidArgumentError("--checksum_block_bytes must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signals) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  RETURN_IF_ERROR(MakeDirs(options.root));
+  RETURN_IF_ERROR(
+      MakeDirs(std::filesystem::path(options.socket).parent_path().string()));
+  ASSIGN_OR_RETURN(std::unique_ptr<StagingPool> pool,
+                   StagingPool::Create(options.pool_bytes, options.buffer_bytes));
+  auto workers = std::make_unique<IoWorkers>(options.io_workers,
+                                             options.queue_depth, *pool);
+  CheckpointStore store(options.root);
+  auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
+                                                 workers.get());
+  Loader loader(options, &store, pool.get(), workers.get());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SessionRegistry> sessions,
+      SessionRegistry::Start(
+          absl::StrCat(options.socket, ".session"), options.max_sessions,
+          [s = saves.get()](const std::shared_ptr<Session>& session) {
+            s->OnSessionClosed(session);
+          }));
+
+  CkptdService service({&options, sessions.get(), saves.get(), &loader, &store,
+                        pool.get(), workers->backend()});
+  ::unlink(options.socket.c_str());  // a stale socket of a previous run
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", options.socket),
+                           grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on unix:", options.socket));
+  }
+  LogInfo("ckptd listening on ", options.socket, " root ", options.root,
+          " pool ", pool->pool_bytes(), " bytes, io backend ",
+          workers->backend());
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  LogInfo("ckptd stopping on signal ", signal);
+  server->Shutdown();
+  sessions.reset();
+  workers.reset();  // finishes queued parts before saves_ goes away
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

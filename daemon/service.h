@@ -1,0 +1,74 @@
+// CkptdService: the gRPC face of the daemon (callback API).
+//
+// Handlers validate, hand work to the SaveCoordinator / Loader and finish
+// through a reactor; none of them waits for storage on a gRPC thread.
+// absl::Status becomes grpc::Status only here (ToGrpcStatus).
+//
+// Ownership: borrows the components, which outlive the server.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "ckpt/v1/control.grpc.pb.h"
+#include "daemon/checkpoint_store.h"
+#include "daemon/daemon_options.h"
+#include "daemon/loader.h"
+#include "daemon/save_coordinator.h"
+#include "daemon/session.h"
+#include "daemon/staging_pool.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class CkptdService final : public v1::Ckptd::CallbackService {
+ public:
+  struct Components {
+    const DaemonOptions* options;
+    SessionRegistry* sessions;
+    SaveCoordinator* saves;
+    Loader* loader;
+    const CheckpointStore* store;
+    const StagingPool* pool;
+    std::string io_backend;
+  };
+  explicit CkptdService(Components components) : c_(std::move(components)) {}
+
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterRegions(
+      grpc::CallbackServerContext* context,
+      const v1::RegisterRegionsRequest* request,
+      v1::RegisterRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* DefineLayout(
+      grpc::CallbackServerContext* context,
+      const v1::DefineLayoutRequest* request,
+      v1::DefineLayoutResponse* response) override;
+  grpc::ServerUnaryReactor* Save(grpc::CallbackServerContext* context,
+                                 const v1::SaveRequest* request,
+                                 v1::SaveResponse* response) override;
+  grpc::ServerWriteReactor<v1::SaveProgress>* WatchSave(
+      grpc::CallbackServerContext* context,
+      const v1::WatchSaveRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
+                                 const v1::LoadRequest* request,
+                                 v1::LoadResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* context,
+      const v1::ListCheckpointsRequest* request,
+      v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* DaemonStatus(
+      grpc::CallbackServerContext* context,
+      const v1::DaemonStatusRequest* request,
+      v1::DaemonStatusResponse* response) override;
+
+ private:
+  const Components c_;
+};
+
+}  // namespace ckpt

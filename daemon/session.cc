@@ -1,0 +1,308 @@
+#include "daemon/session.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/names.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+absl::StatusOr<std::string> RandomToken() {
+  std::string token(kSessionTokenBytes, '\0');
+  size_t done = 0;
+  while (done < token.size()) {
+    const ssize_t n = getrandom(token.data() + done, token.size() - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "getrandom for session token");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+}  // namespace
+
+Session::Session(uint64_t id, std::string token, pid_t pid, uid_t uid,
+                 UniqueFd pidfd)
+    : id_(id),
+      token_(std::move(token)),
+      pid_(pid),
+      uid_(uid),
+      pidfd_(std::move(pidfd)),
+      memory_(pid, pidfd_.get()) {}
+
+absl::Status Session::Open(uint32_t rank, uint32_t world_size,
+                           std::string job) {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is not inside world size ", world_size));
+  }
+  std::lock_guard lock(open_mu_);
+  if (opened_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, " is already open"));
+  }
+  rank_ = rank;
+  world_size_ = world_size;
+  job_ = std::move(job);
+  opened_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
+    const google::protobuf::RepeatedPtrField<v1::Region>& regions) {
+  std::vector<Region> add;
+  for (const v1::Region& r : regions) {
+    if (r.has_cuda()) {
+      return absl::UnimplementedError(
+          "CUDA regions need a daemon built with CUDA support");
+    }
+    if (!r.has_host()) return absl::InvalidArgumentError("region has no kind");
+    const uint64_t a = r.host().address(), n = r.host().length();
+    if (a == 0 || n == 0 || a + n < a) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host region [0x", absl::Hex(a), ", +", n, ") is empty or wraps"));
+    }
+    add.push_back({a, n});
+  }
+  std::lock_guard lock(mu_);
+  if (regions_.size() + add.size() > kMaxRegionsPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a session may register at most ", kMaxRegionsPerSession, " regions"));
+  }
+  std::vector<uint64_t> ids;
+  for (const Region& r : add) {
+    ids.push_back(regions_.size());
+    regions_.push_back(r);
+  }
+  return ids;
+}
+
+absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
+  std::lock_guard lock(mu_);
+  if (ref.region_id() >= regions_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown region id ", ref.region_id()));
+  }
+  const Region& r = regions_[ref.region_id()];
+  if (ref.offset() > r.length || ref.length() > r.length - ref.offset()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "memory [", ref.offset(), ", +", ref.length(), ") is outside region ",
+        ref.region_id(), " of ", r.length, " bytes"));
+  }
+  return r.address + ref.offset();
+}
+
+absl::StatusOr<uint64_t> Session::AddLayout(
+    std::shared_ptr<const TensorLayout> layout) {
+  std::lock_guard lock(mu_);
+  if (layouts_.size() >= kMaxLayoutsPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a session may define at most ", kMaxLayoutsPerSession, " layouts"));
+  }
+  layouts_.push_back(std::move(layout));
+  return layouts_.size();
+}
+
+absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
+    uint64_t id) const {
+  std::lock_guard lock(mu_);
+  if (id == 0 || id > layouts_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown layout id ", id));
+  }
+  return layouts_[id - 1];
+}
+
+absl::Status Session::PidfdGuardedMemory::CheckAlive() const {
+  pollfd p{pidfd_, POLLIN, 0};
+  const int n = ::poll(&p, 1, 0);
+  if (n < 0) return ErrnoToStatus(errno, "poll pidfd");
+  if (n > 0) {
+    return absl::UnavailableError("the trainer process has exited");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::PidfdGuardedMemory::Read(absl::Span<const CopySpan> spans) {
+  RETURN_IF_ERROR(host_.Read(spans));
+  // Alive after the read means the pid was not recycled during it.
+  return CheckAlive();
+}
+
+absl::Status Session::PidfdGuardedMemory::Write(absl::Span<const CopySpan> spans) {
+  RETURN_IF_ERROR(CheckAlive());
+  return host_.Write(spans);
+}
+
+absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
+    const std::string& path, uint32_t max_sessions, ClosedCallback on_closed) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", path));
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", path));
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("bind ", path));
+  }
+  if (::listen(fd.get(), 128) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("listen ", path));
+  }
+  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
+  std::unique_ptr<SessionRegistry> registry(new SessionRegistry(
+      std::move(fd), std::move(wake), path, max_sessions, std::move(on_closed)));
+  registry->thread_ = std::thread([r = registry.get()] { r->Run(); });
+  return registry;
+}
+
+SessionRegistry::SessionRegistry(UniqueFd listener, UniqueFd wake,
+                                 std::string path, uint32_t max_sessions,
+                                 ClosedCallback on_closed)
+    : listener_(std::move(listener)),
+      wake_(std::move(wake)),
+      path_(std::move(path)),
+      max_sessions_(max_sessions),
+      on_closed_(std::move(on_closed)) {}
+
+SessionRegistry::~SessionRegistry() {
+  const uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof(one)) < 0) {
+    LogError("cannot wake the handshake thread: ", std::strerror(errno));
+  }
+  if (thread_.joinable()) thread_.join();
+  ::unlink(path_.c_str());
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
+    const std::string& token) const {
+  std::lock_guard lock(mu_);
+  auto it = by_token_.find(token);
+  if (it == by_token_.end() || it->second->closed()) {
+    return absl::UnauthenticatedError(
+        "unknown or closed session token (connect through the handshake "
+        "socket first)");
+  }
+  return it->second;
+}
+
+size_t SessionRegistry::size() const {
+  std::lock_guard lock(mu_);
+  return by_token_.size();
+}
+
+void SessionRegistry::Run() {
+  std::vector<pollfd> fds;
+  while (true) {
+    fds.clear();
+    fds.push_back({wake_.get(), POLLIN, 0});
+    fds.push_back({listener_.get(), POLLIN, 0});
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [fd, entry] : by_fd_) fds.push_back({fd, POLLIN, 0});
+    }
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError("handshake poll failed: ", std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      // A session socket carries nothing after the handshake: any readable
+      // event is the peer closing it (or dying).
+      if (fds[i].revents != 0) Close(fds[i].fd);
+    }
+  }
+}
+
+void SessionRegistry::Accept() {
+  UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno != EAGAIN && errno != EINTR) {
+      LogWarning("handshake accept failed: ", std::strerror(errno));
+    }
+    return;
+  }
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    LogWarning("SO_PEERCRED failed: ", std::strerror(errno));
+    return;
+  }
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
+  if (!pidfd.valid()) {
+    LogWarning("pidfd_open(", cred.pid, ") failed: ", std::strerror(errno));
+    return;
+  }
+  auto token = RandomToken();
+  if (!token.ok()) {
+    LogError(token.status().ToString());
+    return;
+  }
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    if (by_token_.size() >= max_sessions_) {
+      LogWarning("refusing session of pid ", cred.pid, ": ", max_sessions_,
+                 " sessions are open");
+      return;
+    }
+    session = std::make_shared<Session>(next_id_++, *token, cred.pid, cred.uid,
+                                        std::move(pidfd));
+  }
+  // Reply: token, then the daemon's pid (the client allows it to ptrace-read
+  // with PR_SET_PTRACER where Yama restricts process_vm_readv).
+  char reply[kSessionTokenBytes + 4];
+  std::memcpy(reply, token->data(), kSessionTokenBytes);
+  const uint32_t self = static_cast<uint32_t>(::getpid());
+  std::memcpy(reply + kSessionTokenBytes, &self, 4);
+  if (::send(fd.get(), reply, sizeof(reply), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof(reply))) {
+    LogWarning("handshake reply to pid ", cred.pid, " failed");
+    return;
+  }
+  LogInfo("session ", session->id(), " opened by pid ", cred.pid, " uid ",
+          cred.uid);
+  std::lock_guard lock(mu_);
+  by_token_[session->token()] = session;
+  const int raw = fd.get();
+  by_fd_[raw] = {std::move(fd), session};
+}
+
+void SessionRegistry::Close(int fd) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return;
+    session = it->second.second;
+    by_token_.erase(session->token());
+    by_fd_.erase(it);  // closes the socket
+  }
+  session->MarkClosed();
+  LogInfo("session ", session->id(), " (pid ", session->pid(), ") closed");
+  if (on_closed_) on_closed_(session);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,227 @@
+#include "daemon/shard_reader.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "daemon/block_hasher.h"
+#include "daemon/io_pipeline.h"
+
+namespace ckpt {
+namespace {
+
+constexpr uint64_t kDirectAlignment = 4096;
+uint64_t AlignDown(uint64_t n) { return n / kDirectAlignment * kDirectAlignment; }
+uint64_t AlignUp(uint64_t n) { return AlignDown(n + kDirectAlignment - 1); }
+
+// An item's range widened to whole checksum blocks, in file offsets.
+struct Span { uint64_t begin, end; };
+
+Span Widen(const ItemRead& item, uint64_t block) {
+  const uint64_t b = item.begin / block * block;
+  const uint64_t e = std::min(item.item_length, (item.end + block - 1) / block * block);
+  return {item.item_file_offset + b, item.item_file_offset + e};
+}
+
+struct Window {
+  uint64_t offset = 0;  // aligned file offset
+  uint64_t length = 0;
+  StagingBuffer buffer;
+  bool done = false;
+  uint64_t bytes = 0;   // read (less than length at end of file)
+};
+
+// Verifies and delivers one item as its widened range streams by.
+class ItemSink {
+ public:
+  ItemSink(const ItemRead& item, uint64_t block, const std::string& path)
+      : item_(item), span_(Widen(item, block)), block_(block),
+        hasher_(block), path_(path) {}
+
+  const Span& span() const { return span_; }
+
+  // Consumes the part of [data, data+len) at file offset `at` that lies in
+  // this item's widened range. `*complete` becomes true after the last byte.
+  absl::Status Consume(const char* data, uint64_t at, uint64_t len,
+                       MemorySource* dst, bool* complete) {
+    const uint64_t from = std::max(at, span_.begin + fed_);
+    const uint64_t to = std::min(at + len, span_.end);
+    if (from < to) {
+      hasher_.Update(data + (from - at), to - from);
+      // Deliver the requested bytes of this piece.
+      const uint64_t want_from = std::max(from, item_.item_file_offset + item_.begin);
+      const uint64_t want_to = std::min(to, item_.item_file_offset + item_.end);
+      if (want_from < want_to) {
+        CopySpan span{item_.remote + (want_from - item_.item_file_offset - item_.begin),
+                      const_cast<char*>(data + (want_from - at)), want_to - want_from};
+        RETURN_IF_ERROR(dst->Write({&span, 1}));
+      }
+      fed_ += to - from;
+    }
+    *complete = span_.begin + fed_ == span_.end;
+    if (*complete) return Verify();
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Verify() {
+    const std::vector<uint64_t> got = hasher_.Finish();
+    const uint64_t first = (span_.begin - item_.item_file_offset) / block_;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (first + i >= item_.block_count || got[i] != item_.block_xxh3[first + i]) {
+        const uint64_t b = (first + i) * block_;
+        return absl::DataLossError(absl::StrCat(
+            "checksum mismatch in ", path_, ", item ", item_.fqn,
+            ", item bytes [", b, ", ", std::min(b + block_, item_.item_length),
+            ") at file offset ", item_.item_file_offset + b));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const ItemRead& item_;
+  const Span span_;
+  const uint64_t block_;
+  BlockHasher hasher_;
+  const std::string& path_;
+  uint64_t fed_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
+  const uint64_t block = req.checksum_block_bytes;
+  // Coalesce widened ranges into aligned segments to read.
+  std::vector<Span> segments;
+  for (size_t i = 0; i < req.items.size(); ++i) {
+    const ItemRead& item = req.items[i];
+    if (item.begin > item.end || item.end > item.item_length ||
+        item.item_file_offset + item.item_length > req.file_size) {
+      return absl::InternalError(absl::StrCat("bad read range for item ",
+                                              item.fqn, " in ", req.path));
+    }
+    Span s = Widen(item, block);
+    if (i > 0 && s.begin < Widen(req.items[i - 1], block).end) {
+      return absl::InternalError(absl::StrCat(
+          "overlapping reads of item ", item.fqn, " in ", req.path));
+    }
+    s = {AlignDown(s.begin), AlignUp(s.end)};
+    if (!segments.empty() && s.begin <= segments.back().end) {
+      segments.back().end = std::max(segments.back().end, s.end);
+    } else {
+      segments.push_back(s);
+    }
+  }
+  if (segments.empty()) return 0;
+
+  UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", req.path));
+
+  IoPipeline pipeline(queue_);
+  std::deque<Window> windows;  // submitted, in file order
+  size_t seg = 0;
+  uint64_t next_offset = segments[0].begin;
+  size_t next_item = 0;
+  std::optional<ItemSink> sink;
+  uint64_t bytes_read = 0;
+  absl::Status error;
+  std::vector<IoPipeline::Finished> finished;
+  const uint64_t max_in_flight = std::max<uint64_t>(1, queue_->depth());
+
+  auto submit_more = [&]() -> absl::Status {
+    while (seg < segments.size() && windows.size() < max_in_flight) {
+      StagingBuffer buffer =
+          windows.empty() ? pool_->Acquire() : pool_->TryAcquire();
+      if (buffer.data == nullptr) break;
+      Window w;
+      w.offset = next_offset;
+      w.length = std::min<uint64_t>(buffer.size, segments[seg].end - next_offset);
+      w.buffer = buffer;
+      next_offset += w.length;
+      if (next_offset == segments[seg].end && ++seg < segments.size()) {
+        next_offset = segments[seg].begin;
+      }
+      IoRequest read;
+      read.kind = IoRequest::Kind::kRead;
+      read.fd = fd.get();
+      read.buffer = buffer.data;
+      read.length = static_cast<uint32_t>(w.length);
+      read.offset = w.offset;
+      read.registered_index = buffer.index;
+      read.tag = w.offset;
+      windows.push_back(w);
+      absl::Status started = pipeline.Start(read);
+      if (!started.ok()) {
+        pool_->Release(buffer);
+        windows.pop_back();
+        return started;
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  // Feeds a completed window to the items it covers, in order.
+  auto consume = [&](const Window& w) -> absl::Status {
+    const uint64_t valid_end = w.offset + w.bytes;
+    while (next_item < req.items.size()) {
+      if (!sink) sink.emplace(req.items[next_item], block, req.path);
+      if (sink->span().begin >= valid_end) break;
+      bool complete = false;
+      RETURN_IF_ERROR(sink->Consume(w.buffer.data, w.offset, w.bytes,
+                                    req.destination, &complete));
+      if (!complete) {
+        if (sink->span().end > valid_end && w.bytes < w.length) {
+          return absl::DataLossError(absl::StrCat(
+              req.path, " ends at ", valid_end, " inside item ",
+              req.items[next_item].fqn, " (truncated file?)"));
+        }
+        break;
+      }
+      sink.reset();
+      ++next_item;
+    }
+    return absl::OkStatus();
+  };
+
+  error = submit_more();
+  while (error.ok() && !windows.empty()) {
+    finished.clear();
+    RETURN_IF_ERROR(pipeline.WaitSome(&finished));
+    for (const auto& f : finished) {
+      for (Window& w : windows) {
+        if (w.offset != f.tag) continue;
+        w.done = true;
+        w.bytes = f.bytes;
+        if (!f.status.ok() && error.ok()) error = Annotate(f.status, req.path);
+      }
+      bytes_read += f.bytes;
+    }
+    while (error.ok() && !windows.empty() && windows.front().done) {
+      error = consume(windows.front());
+      pool_->Release(windows.front().buffer);
+      windows.pop_front();
+    }
+    if (error.ok()) error = submit_more();
+  }
+  // Every read must finish before its buffer goes back to the pool.
+  while (pipeline.unfinished() > 0) {
+    finished.clear();
+    RETURN_IF_ERROR(pipeline.WaitSome(&finished));
+  }
+  for (const Window& w : windows) pool_->Release(w.buffer);
+  RETURN_IF_ERROR(error);
+  if (next_item != req.items.size()) {
+    return absl::DataLossError(absl::StrCat(
+        req.path, " ended before item ", req.items[next_item].fqn,
+        " was complete (truncated file?)"));
+  }
+  return bytes_read;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,70 @@
+// ShardWriter: streams one data file from a peer's memory to storage.
+//
+// The file is cut into windows of one staging buffer each. For every window,
+// in file order: borrow a buffer from the pool, fill it (the safetensors
+// header, then the chunks' bytes read from the peer in one batched
+// process_vm_readv), hash the chunk bytes into their per-block XXH3, and hand
+// the buffer to the IoPipeline as an O_DIRECT write at the window's offset.
+// Staging runs ahead of the disk while pool buffers are free; when none is,
+// the writer reaps its own completions (each frees a buffer) or, with
+// nothing of its own in flight, blocks on the pool: that is the
+// back-pressure that bounds memory for checkpoints larger than the pool.
+// The last window is zero-padded to 4096 for O_DIRECT; once every write has
+// completed the file is truncated to its exact size and fsynced (an fsync is
+// not ordered after writes still in flight, so it must come after them).
+//
+// Ownership: borrows everything passed to Write. Thread-safety: one call at a
+// time per object; objects are independent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/io_queue.h"
+#include "daemon/memory_source.h"
+#include "daemon/rate_limiter.h"
+#include "daemon/safetensors_layout.h"
+#include "daemon/staging_pool.h"
+
+namespace ckpt {
+
+struct ShardWriteProgress {
+  uint64_t bytes_staged = 0;   // file bytes filled into staging buffers
+  uint64_t bytes_written = 0;  // file bytes whose write completed
+};
+
+struct ShardWriteRequest {
+  std::string path;               // created O_EXCL
+  const SafetensorsLayout* layout = nullptr;
+  std::vector<uint64_t> remote;   // peer address of each entry's bytes
+  std::vector<uint64_t> lengths;  // bytes of each entry
+  uint64_t checksum_block_bytes = 0;
+  MemorySource* source = nullptr;
+  const std::atomic<bool>* cancelled = nullptr;
+  RateLimiter* limiter = nullptr;  // optional write rate cap
+  // Called after each window is staged and after each write completes.
+  std::function<void(const ShardWriteProgress&)> on_progress;
+  // Called once, when every source byte is in a staging buffer.
+  std::function<void()> on_staged;
+};
+
+struct ShardWriteResult {
+  uint64_t file_size = 0;
+  std::vector<std::vector<uint64_t>> block_xxh3;  // per entry
+};
+
+class ShardWriter {
+ public:
+  ShardWriter(StagingPool* pool, IoQueue* queue) : pool_(pool), queue_(queue) {}
+  absl::StatusOr<ShardWriteResult> Write(const ShardWriteRequest& request);
+
+ private:
+  StagingPool* const pool_;
+  IoQueue* const queue_;
+};
+
+}  // namespace ckpt

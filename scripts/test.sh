@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Builds and runs every test (unit and integration) with ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+cd build
+ctest --output-on-failure -j1 "$@"

@@ -1,0 +1,141 @@
+#include "integration/daemon_fixture.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/ckpt_client.h"
+
+namespace ckpt::testing {
+namespace {
+
+std::vector<char*> Argv(const std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (const auto& a : args) out.push_back(const_cast<char*>(a.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+bool DaemonAnswers(const std::string& socket) {
+  auto stub = v1::Ckptd::NewStub(DaemonChannel(socket));
+  v1::DaemonStatusResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return stub->DaemonStatus(&context, v1::DaemonStatusRequest(), &response).ok();
+}
+
+}  // namespace
+
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags)
+    : flags_(std::move(extra_flags)) {
+  char tmpl[] = "/tmp/ckptd-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  dir_ = tmpl;
+  socket_ = dir_ + "/ckptd.sock";
+  root_ = dir_ + "/root";
+  Start();
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void DaemonProcess::Start() {
+  std::vector<std::string> args = {CKPTD_BINARY, "--socket", socket_, "--root", root_,
+                                   "--pool_bytes", std::to_string(64 << 20),
+                                   "--buffer_bytes", std::to_string(4 << 20),
+                                   "--io_workers", "4"};
+  args.insert(args.end(), flags_.begin(), flags_.end());
+  const std::string log = dir_ + "/ckptd.log";
+  pid_ = fork();
+  REQUIRE(pid_ >= 0);
+  if (pid_ == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    auto argv = Argv(args);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 200; ++i) {
+    if (DaemonAnswers(socket_)) return;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      FAIL("ckptd exited at start-up; see " << log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  FAIL("ckptd did not answer within 10 s; see " << log);
+}
+
+void DaemonProcess::Kill() {
+  REQUIRE(pid_ > 0);
+  REQUIRE(kill(pid_, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid_, &status, 0) == pid_);
+  pid_ = -1;
+}
+
+void DaemonProcess::Restart() {
+  REQUIRE(pid_ < 0);
+  Start();
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& args) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    auto argv = Argv(args);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ProcessResult result;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) result.out.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string JsonField(const std::string& out, const std::string& key) {
+  const size_t line_start = out.rfind('{');
+  if (line_start == std::string::npos) return "";
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = out.find(needle, line_start);
+  if (at == std::string::npos) return "";
+  size_t begin = at + needle.size();
+  size_t end = out.find_first_of(",}", begin);
+  std::string value = out.substr(begin, end - begin);
+  if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+  return value;
+}
+
+}  // namespace ckpt::testing

@@ -1,0 +1,133 @@
+// End-to-end save and restore through a real ckptd with real client
+// processes (ckpt-loadgen forks one process per rank).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "integration/daemon_fixture.h"
+#include "integration/test_rank.h"
+
+namespace ckpt::testing {
+namespace {
+
+uint64_t Number(const std::string& out, const std::string& key) {
+  uint64_t n = 0;
+  REQUIRE(absl::SimpleAtoi(JsonField(out, key), &n));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("four client processes save and restore 1 GiB bit-exact through a "
+          "pool 16 times smaller",
+          "[integration][save][restore]") {
+  DaemonProcess daemon;  // 64 MiB pool
+  const ProcessResult run = RunProcess(
+      {LOADGEN_BINARY, "--socket", daemon.socket(), "--job", "big", "--ranks", "4",
+       "--tensors", "64", "--bytes-per-rank", std::to_string(256ull << 20),
+       "--restore"});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(JsonField(run.out, "verified") == "true");
+  CHECK(Number(run.out, "total_bytes") == 4 * (256ull << 20));
+  // Invariant 5: memory stays bounded by the pool while 16x the pool streams.
+  const uint64_t pool = Number(run.out, "staging_pool_bytes");
+  CHECK(Number(run.out, "daemon_peak_rss_bytes") <= pool + (64ull << 20));
+
+  const std::string dir = daemon.root() + "/big/step-00000001";
+  CHECK(std::filesystem::exists(dir + "/COMMIT"));
+  CHECK(std::filesystem::exists(dir + "/node-0000.manifest"));
+  for (int r = 1; r <= 4; ++r) {
+    const std::string file =
+        dir + "/shard-0000" + std::to_string(r) + "-model-0000" + std::to_string(r) +
+        "-of-00004.safetensors";
+    REQUIRE(std::filesystem::exists(file));
+  }
+}
+
+TEST_CASE("data files open with the safetensors package and follow format v1",
+          "[integration][format]") {
+  if (access(PROJECT_VENV_PYTHON, X_OK) != 0) {
+    WARN("skipped: " PROJECT_VENV_PYTHON
+         " missing (scripts/setup-debian.sh installs safetensors there)");
+    return;
+  }
+  DaemonProcess daemon;
+  const ProcessResult run = RunProcess(
+      {LOADGEN_BINARY, "--socket", daemon.socket(), "--job", "fmt", "--ranks", "2",
+       "--tensors", "5", "--bytes-per-rank", std::to_string(3ull << 20)});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  std::vector<std::string> args = {PROJECT_VENV_PYTHON, CHECK_SAFETENSORS_PY};
+  for (const auto& e :
+       std::filesystem::directory_iterator(daemon.root() + "/fmt/step-00000001")) {
+    if (e.path().extension() == ".safetensors") args.push_back(e.path());
+  }
+  REQUIRE(args.size() == 4);
+  const ProcessResult check = RunProcess(args);
+  INFO(check.out);
+  CHECK(check.exit_code == 0);
+}
+
+TEST_CASE("consecutive saves advance LATEST and each restores its own data",
+          "[integration][save][restore]") {
+  DaemonProcess daemon;
+  TestRank rank(daemon.socket(), "job", 4, 1 << 20);
+  for (uint32_t step = 1; step <= 3; ++step) {
+    rank.Fill(step);
+    auto save = rank.client().Save(rank.SaveRequestFor("step-" + std::to_string(step)));
+    REQUIRE(save.ok());
+    REQUIRE((*save)->WaitStaged().ok());
+    REQUIRE((*save)->WaitCommitted().ok());
+  }
+  rank.Zero();
+  auto latest = rank.client().Load(rank.LoadRequestFor("latest"));
+  REQUIRE(latest.ok());
+  CHECK(latest->checkpoint() == "step-3");
+  CHECK(rank.Holds(3));
+  REQUIRE(latest->byte_items_size() == 1);
+  CHECK(latest->byte_items(0).data() == "state of step-3");
+  auto second = rank.client().Load(rank.LoadRequestFor("step-2"));
+  REQUIRE(second.ok());
+  CHECK(rank.Holds(2));
+  CHECK(second->bytes_read() >= 4u << 20);
+}
+
+TEST_CASE("ckptctl shows live progress of an in-flight save and lists "
+          "committed checkpoints",
+          "[integration][ckptctl]") {
+  DaemonProcess daemon({"--write_rate_limit", std::to_string(16 << 20)});
+  TestRank rank(daemon.socket(), "watched", 8, 4 << 20);
+  rank.Fill(1);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-1"));
+  REQUIRE(save.ok());
+  bool saw_progress = false;
+  for (int i = 0; i < 100 && !saw_progress; ++i) {
+    const ProcessResult status =
+        RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
+    REQUIRE(status.exit_code == 0);
+    saw_progress = absl::StrContains(status.out, "watched/step-1 rank 0/1") &&
+                   absl::StrContains(status.out, "ETA");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(saw_progress);
+  REQUIRE((*save)->WaitCommitted().ok());
+  const ProcessResult list =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "list", "watched"});
+  INFO(list.out);
+  CHECK(list.exit_code == 0);
+  CHECK(absl::StrContains(list.out, "step-1"));
+  CHECK(absl::StrContains(list.out, "committed"));
+  CHECK(absl::StrContains(list.out, "(latest)"));
+  const ProcessResult idle =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
+  CHECK(absl::StrContains(idle.out, "no saves in flight"));
+}
+
+}  // namespace ckpt::testing

@@ -1,0 +1,46 @@
+// Test support: this test process acting as one trainer rank of a job, with
+// a buffer of pattern-filled float32 tensors registered with the daemon.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/pattern.h"
+#include "client/ckpt_client.h"
+
+namespace ckpt::testing {
+
+class TestRank {
+ public:
+  // Connects as rank 0 of a world of 1 and registers `tensors` tensors of
+  // `tensor_bytes` each (a multiple of 4096).
+  TestRank(const std::string& socket, const std::string& job, uint32_t tensors,
+           uint64_t tensor_bytes);
+  ~TestRank();
+
+  Client& client() { return *client_; }
+  // Fills the buffer with the pattern of `step`.
+  void Fill(uint32_t step);
+  // True if the buffer holds the pattern of `step`.
+  bool Holds(uint32_t step) const;
+  void Zero();
+
+  // The items of the whole buffer, for Save or Load requests.
+  void AddItems(google::protobuf::RepeatedPtrField<v1::TensorItem>* items) const;
+  v1::TensorItem Item(uint32_t index) const;
+
+  v1::SaveRequest SaveRequestFor(const std::string& checkpoint) const;
+  v1::LoadRequest LoadRequestFor(const std::string& checkpoint) const;
+
+ private:
+  std::string job_;
+  uint32_t tensors_;
+  uint64_t tensor_bytes_;
+  uint64_t* data_ = nullptr;
+  uint64_t region_ = 0;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace ckpt::testing
