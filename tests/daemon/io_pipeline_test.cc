@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+
+#include "support/skip.h"
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -377,16 +379,14 @@ TEST_CASE(
   }
   auto queue = CreateUringQueue(kDepth, iovs);
   if (!queue.ok()) {
-    WARN("skipped: io_uring unavailable: " << queue.status().ToString());
-    return;
+    CKPT_SKIP("io_uring unavailable: " << queue.status().ToString());
   }
   REQUIRE((*queue)->name() == "io_uring");
   TempDir dir;
   UniqueFd fd(::open(dir.File("big").c_str(),
                      O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600));
   if (!fd.valid() && errno == EINVAL) {
-    WARN("skipped: /tmp does not support O_DIRECT");
-    return;
+    CKPT_SKIP("/tmp does not support O_DIRECT");
   }
   REQUIRE(fd.valid());
   IoPipeline pipeline(queue->get());

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "support/skip.h"
 #include <cerrno>
 #include <filesystem>
 #include <memory>
@@ -96,8 +98,7 @@ TEST_CASE("io_uring queue reports short reads and -errno raw",
           "[io_queue][io_uring]") {
   auto queue = CreateUringQueue(4, {});
   if (!queue.ok()) {
-    WARN("skipped: io_uring unavailable: " << queue.status().ToString());
-    return;
+    CKPT_SKIP("io_uring unavailable: " << queue.status().ToString());
   }
   CHECK((*queue)->name() == "io_uring (unregistered buffers)");
   CheckRawResults(**queue);
@@ -109,8 +110,7 @@ TEST_CASE("io_uring queue rejects a registered index it does not have",
   const iovec one{buffer, sizeof(buffer)};
   auto queue = CreateUringQueue(2, {&one, 1});
   if (!queue.ok()) {
-    WARN("skipped: io_uring unavailable: " << queue.status().ToString());
-    return;
+    CKPT_SKIP("io_uring unavailable: " << queue.status().ToString());
   }
   CHECK((*queue)->name() == "io_uring");
   const IoRequest r{.kind = IoRequest::Kind::kRead,

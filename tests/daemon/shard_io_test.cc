@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+
+#include "support/skip.h"
 #include <cerrno>
 #include <cstdint>
 #include <fstream>
@@ -608,8 +610,7 @@ TEST_CASE(
   absl::StatusOr<std::unique_ptr<IoQueue>> queue =
       CreateUringQueue(kQueueDepth, f.pool()->iovecs());
   if (!queue.ok()) {
-    WARN("skipped: io_uring unavailable here: " << queue.status());
-    return;
+    CKPT_SKIP("io_uring unavailable here: " << queue.status());
   }
   const ShardWriteResult written = f.WriteOrFail(queue->get());
   CheckFileMatchesSources(f, written);

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+
+#include "support/skip.h"
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -54,9 +56,8 @@ TEST_CASE("four client processes save and restore 1 GiB bit-exact through a "
 TEST_CASE("data files open with the safetensors package and follow format v1",
           "[integration][format]") {
   if (access(PROJECT_VENV_PYTHON, X_OK) != 0) {
-    WARN("skipped: " PROJECT_VENV_PYTHON
+    CKPT_SKIP(PROJECT_VENV_PYTHON
          " missing (scripts/setup-debian.sh installs safetensors there)");
-    return;
   }
   DaemonProcess daemon;
   const ProcessResult run = RunProcess(
