@@ -3,14 +3,16 @@
 // with the timings as its last line of stdout.
 //
 //   ckpt-loadgen --socket S --job J --ranks N --tensors T --bytes-per-rank B
-//                [--saves K] [--restore] [--first-step S]
+//                [--saves K] [--restore] [--first-step S] [--exit-after-staged]
 //
 // Each rank holds T float32 tensors of about B/T bytes (row-sharded across
 // ranks: global shape [N*rows, 1024]) plus a byte item, filled with a
 // deterministic pattern that changes every save. Save k is named
 // step-<first+k>; every rank waits for COMMITTED before the next save, and
 // with --restore the last checkpoint is loaded into zeroed memory and checked
-// word by word. Children are forked before any gRPC state exists in the
+// word by word (--saves 0 --restore checks step-<S-1> of an earlier run).
+// --exit-after-staged makes every rank _exit right after STAGED, as a
+// crashing trainer would. Children are forked before any gRPC state exists in the
 // parent.
 #include <pthread.h>
 #include <sys/mman.h>
@@ -43,6 +45,9 @@ struct Args {
   uint32_t saves = 1;
   uint32_t first_step = 1;
   bool restore = false;
+  // Each rank exits (without cleanup, like a crash) once its first save is
+  // STAGED: the checkpoint must still commit.
+  bool exit_after_staged = false;
 };
 
 constexpr uint64_t kCols = 1024;                // float32 per row
@@ -65,6 +70,10 @@ double Seconds(std::chrono::steady_clock::duration d) {
 }
 
 std::string StepName(uint32_t step) { return absl::StrFormat("step-%08u", step); }
+
+// Where a child writes its result line (the pipe to the parent).
+int g_result_fd = -1;
+std::string Encode(const RankResult& r);
 
 // All ranks reach a save together, as trainer ranks do at a checkpoint
 // step; the barrier lives in memory shared across the forked children.
@@ -123,6 +132,18 @@ absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
     ASSIGN_OR_RETURN(auto save, client->Save(std::move(request)));
     out->save_call_ms.push_back(Seconds(std::chrono::steady_clock::now() - t0) * 1e3);
     RETURN_IF_ERROR(save->WaitStaged());
+    if (args.exit_after_staged) {
+      const ckpt::v1::SaveProgress p = save->progress();
+      out->ok = true;
+      out->staged_s.push_back((p.staged_unix_micros() - p.accepted_unix_micros()) / 1e6);
+      out->durable_s.push_back(0);
+      out->committed_s.push_back(0);
+      const std::string line = Encode(*out);
+      _exit(write(g_result_fd, line.data(), line.size()) ==
+                    static_cast<ssize_t>(line.size())
+                ? 0
+                : 1);
+    }
     RETURN_IF_ERROR(save->WaitCommitted());
     const ckpt::v1::SaveProgress p = save->progress();
     const double accepted = p.accepted_unix_micros();
@@ -204,6 +225,10 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->restore = true;
       continue;
     }
+    if (flag == "--exit-after-staged") {
+      a->exit_after_staged = true;
+      continue;
+    }
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
     bool ok = true;
@@ -217,7 +242,10 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else return false;
     if (!ok) return false;
   }
-  return a->ranks > 0 && a->tensors > 0 && a->saves > 0;
+  // --saves 0 --restore loads step-<first-step - 1> saved by an earlier run.
+  return a->ranks > 0 && a->tensors > 0 && (a->saves > 0 || a->restore) &&
+         a->first_step > (a->saves == 0 ? 1u : 0u) &&
+         !(a->exit_after_staged && (a->saves != 1 || a->restore));
 }
 
 }  // namespace
@@ -227,7 +255,8 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: ckpt-loadgen --socket S --job J --ranks N --tensors T "
-                 "--bytes-per-rank B [--saves K] [--first-step S] [--restore]\n");
+                 "--bytes-per-rank B [--saves K] [--first-step S] [--restore]\n"
+                 "       [--exit-after-staged]  (with --saves 1, no --restore)\n");
     return 2;
   }
   void* shared = mmap(nullptr, sizeof(pthread_barrier_t), PROT_READ | PROT_WRITE,
@@ -256,6 +285,7 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       close(fds[0]);
+      g_result_fd = fds[1];
       RankResult r;
       absl::Status status = RunRank(args, rank, &r);
       r.ok = status.ok();
@@ -297,7 +327,7 @@ int main(int argc, char** argv) {
     define_layout_ms = std::max(define_layout_ms, r.define_layout_ms);
     verified = verified && r.verified;
   }
-  for (uint32_t k = 0; k < args.saves && all_ok; ++k) {
+  for (uint32_t k = 0; k < args.saves && all_ok && !args.exit_after_staged; ++k) {
     double s = 0, d = 0, c = 0;
     for (const RankResult& r : results) {
       s = std::max(s, r.staged_s[k]);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Measures ckptd against the disk's own bandwidth, in one run:
+#   1. fio: sequential O_DIRECT write and read, 8 MiB blocks, io_uring, QD16,
+#      in the storage directory;
+#   2. ckpt-loadgen through a fresh ckptd on the same directory: save-call
+#      latency with 1,000 tensors per rank, durable throughput and daemon
+#      peak RSS for a checkpoint 4x the staging pool, restore throughput.
+# Prints one JSON object per measurement and a summary with the ratios.
+#
+#   bench/run_benchmarks.sh [DIR]        (default: a new directory in /tmp)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh >/dev/null
+
+dir="${1:-$(mktemp -d /tmp/ckptd-bench-XXXXXX)}"
+mkdir -p "$dir"
+pool=$((512 << 20))
+ranks=4
+per_rank=$((pool))            # 4 ranks x pool = a checkpoint 4x the pool
+fio_size=4G
+
+fio_bw() {  # $1 = read|write; prints GB/s
+  local field=48
+  [ "$1" = read ] && field=7
+  fio --name=ckptd-bench --directory="$dir" --rw="$1" --bs=8M --size=$fio_size \
+    --ioengine=io_uring --iodepth=16 --direct=1 --output-format=terse \
+    | awk -F';' -v f=$field '{printf "%.3f", $f * 1024 / 1e9}'
+}
+fio_write=$(fio_bw write)
+fio_read=$(fio_bw read)
+rm -f "$dir"/ckptd-bench*
+echo "{\"fio_write_gbps\": $fio_write, \"fio_read_gbps\": $fio_read}"
+
+socket="$dir/ckptd.sock"
+build/daemon/ckptd --socket "$socket" --root "$dir/root" --pool_bytes $pool \
+  >"$dir/ckptd.log" 2>&1 &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  build/client/ckptctl --socket "$socket" status >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+latency=$(build/bench/ckpt-loadgen --socket "$socket" --job latency --ranks 1 \
+  --tensors 1000 --bytes-per-rank $((256 << 20)) --saves 20 | tail -n 1)
+echo "$latency"
+big=$(build/bench/ckpt-loadgen --socket "$socket" --job big --ranks $ranks \
+  --tensors 1000 --bytes-per-rank $per_rank --saves 3 --restore | tail -n 1)
+echo "$big"
+
+python3 - "$fio_write" "$fio_read" "$latency" "$big" <<'PY'
+import json, sys
+fio_w, fio_r = float(sys.argv[1]), float(sys.argv[2])
+lat, big = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+pool = big["staging_pool_bytes"]
+print(json.dumps({
+  "save_call_ms_p50_1rank_1000_tensors": lat["save_call_ms_p50"],
+  "save_call_ms_p99_1rank_1000_tensors": lat["save_call_ms_p99"],
+  "save_call_ms_p50_4ranks_1000_tensors": big["save_call_ms_p50"],
+  "checkpoint_over_pool": round(big["total_bytes"] / pool, 2),
+  "durable_gbps": big["durable_gbps"],
+  "durable_over_fio_write": round(big["durable_gbps"] / fio_w, 3),
+  "restore_gbps": big["restore_gbps"],
+  "restore_over_fio_read": round(big["restore_gbps"] / fio_r, 3),
+  "daemon_peak_rss_over_pool_mib": round((big["daemon_peak_rss_bytes"] - pool) / 2**20, 1),
+  "verified": big["verified"],
+}))
+PY
