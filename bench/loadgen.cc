@@ -1,20 +1,24 @@
-// ckpt-loadgen: spawns N trainer-like client processes that save (and
-// optionally restore) through a running ckptd, and prints one JSON object
-// with the timings as its last line of stdout.
+// ckpt-loadgen: spawns trainer-like client processes that save (and
+// optionally restore) through running ckptd daemons, and prints one JSON
+// object with the timings and the dedupe accounting as its last line.
 //
-//   ckpt-loadgen --socket S --job J --ranks N --tensors T --bytes-per-rank B
-//                [--saves K] [--restore] [--first-step S] [--exit-after-staged]
+//   ckpt-loadgen --socket S --job J [--nodes N] --ranks-per-node R
+//                [--replicas K] [--layout uniform|llama-8b|llama-70b]
+//                [--tensors T] --bytes-per-rank B [--saves K] [--first-step S]
+//                [--restore] [--exit-after-staged]
 //
-// Each rank holds T float32 tensors of about B/T bytes (row-sharded across
-// ranks: global shape [N*rows, 1024]) plus a byte item, filled with a
-// deterministic pattern that changes every save. Save k is named
-// step-<first+k>; every rank waits for COMMITTED before the next save, and
-// with --restore the last checkpoint is loaded into zeroed memory and checked
-// word by word (--saves 0 --restore checks step-<S-1> of an earlier run).
-// --exit-after-staged makes every rank _exit right after STAGED, as a
-// crashing trainer would. Children are forked before any gRPC state exists in the
-// parent.
-#include <pthread.h>
+// The job has N*R ranks; rank r runs on node r / R and talks to the daemon
+// at S with "{node}" replaced by its node id. Each rank holds the chunks
+// bench/layout.h assigns it (HSDP with replicate degree K), filled with a
+// pattern that depends only on the chunk and the step, so replicas are
+// byte-identical. Every rank defines its layout once, then, for each save
+// (named step-<S+k>), fills its memory, waits at a barrier with the other
+// ranks (they save together, as at a checkpoint step), saves and waits for
+// COMMITTED. --restore loads the last checkpoint into zeroed memory and
+// checks every chunk (--saves 0 --restore checks step-<S-1> of an earlier
+// run); --exit-after-staged makes every rank _exit right after STAGED, as a
+// crashing trainer would. --ranks R is a synonym of --ranks-per-node R.
+// Children are forked before any gRPC state exists in the parent.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,14 +27,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "bench/layout.h"
 #include "bench/pattern.h"
+#include "bench/process_barrier.h"
 #include "client/ckpt_client.h"
 #include "common/status.h"
 
@@ -39,140 +48,44 @@ namespace {
 struct Args {
   std::string socket = ckpt::kDefaultSocket;
   std::string job = "loadgen";
-  uint32_t ranks = 1;
-  uint32_t tensors = 16;
-  uint64_t bytes_per_rank = 64ull << 20;
+  uint32_t nodes = 1;
+  uint32_t ranks_per_node = 1;
+  ckpt::bench::LayoutSpec layout;
   uint32_t saves = 1;
   uint32_t first_step = 1;
   bool restore = false;
-  // Each rank exits (without cleanup, like a crash) once its first save is
-  // STAGED: the checkpoint must still commit.
   bool exit_after_staged = false;
+
+  uint32_t world() const { return nodes * ranks_per_node; }
+  std::string SocketOf(uint32_t node) const {
+    return absl::StrReplaceAll(socket, {{"{node}", std::to_string(node)}});
+  }
 };
 
-constexpr uint64_t kCols = 1024;                // float32 per row
-constexpr uint64_t kRowBytes = kCols * sizeof(float);
-
-// What a child reports to the parent, one line of space-separated numbers.
+// What a child reports to the parent: one line of space-separated numbers.
 struct RankResult {
   bool ok = false;
-  std::vector<double> save_call_ms;
-  std::vector<double> staged_s, durable_s, committed_s;  // per save
-  double restore_s = 0;
-  double define_layout_ms = 0;
   bool verified = false;
   uint64_t bytes = 0;
-  std::string error;
+  double restore_s = 0;
+  double define_layout_ms = 0;
+  std::vector<double> save_call_ms, staged_s, durable_s, committed_s;
 };
+
+// Shared with the forked children: `start` holds every rank and the parent
+// (which reads the daemons' counters first); `step` holds the ranks.
+struct Barriers {
+  ckpt::bench::ProcessBarrier start;
+  ckpt::bench::ProcessBarrier step;
+};
+Barriers* g_barriers = nullptr;
+int g_result_fd = -1;
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
 std::string StepName(uint32_t step) { return absl::StrFormat("step-%08u", step); }
-
-// Where a child writes its result line (the pipe to the parent).
-int g_result_fd = -1;
-std::string Encode(const RankResult& r);
-
-// All ranks reach a save together, as trainer ranks do at a checkpoint
-// step; the barrier lives in memory shared across the forked children.
-pthread_barrier_t* g_barrier = nullptr;
-
-absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
-  const uint64_t rows = std::max<uint64_t>(1, args.bytes_per_rank / args.tensors / kRowBytes);
-  const uint64_t tensor_bytes = rows * kRowBytes;
-  const uint64_t total = tensor_bytes * args.tensors;
-  out->bytes = total;
-  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (mem == MAP_FAILED) return absl::ResourceExhaustedError("mmap");
-  auto* words = static_cast<uint64_t*>(mem);
-
-  ASSIGN_OR_RETURN(auto client, ckpt::Client::Connect({.socket = args.socket,
-                                                       .job = args.job,
-                                                       .rank = rank,
-                                                       .world_size = args.ranks}));
-  ASSIGN_OR_RETURN(uint64_t region, client->RegisterRegion(mem, total));
-  auto items = [&](auto* request) {
-    for (uint32_t t = 0; t < args.tensors; ++t) {
-      ckpt::v1::TensorItem* item = request->add_tensors();
-      item->set_fqn(absl::StrCat("layers.", t, ".weight"));
-      item->set_dtype(ckpt::v1::DTYPE_F32);
-      item->add_global_shape(rows * args.ranks);
-      item->add_global_shape(kCols);
-      item->add_offsets(rows * rank);
-      item->add_offsets(0);
-      item->add_local_shape(rows);
-      item->add_local_shape(kCols);
-      item->mutable_memory()->set_region_id(region);
-      item->mutable_memory()->set_offset(t * tensor_bytes);
-      item->mutable_memory()->set_length(tensor_bytes);
-    }
-  };
-  // The layout is defined once, as a trainer does at start-up; saves then
-  // send only its id.
-  ckpt::v1::SaveRequest layout_items;
-  items(&layout_items);
-  const auto d0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(uint64_t layout_id, client->DefineLayout(layout_items.tensors()));
-  out->define_layout_ms = Seconds(std::chrono::steady_clock::now() - d0) * 1e3;
-  uint32_t step = args.first_step;
-  for (uint32_t k = 0; k < args.saves; ++k, ++step) {
-    ckpt::FillPattern(words, total / 8, ckpt::PatternSeed(rank, step));
-    pthread_barrier_wait(g_barrier);
-    ckpt::v1::SaveRequest request;
-    request.set_job(args.job);
-    request.set_checkpoint(StepName(step));
-    request.set_layout_id(layout_id);
-    ckpt::v1::ByteItem* b = request.add_byte_items();
-    b->set_fqn("trainer.step");
-    b->set_data(std::to_string(step));
-    const auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(auto save, client->Save(std::move(request)));
-    out->save_call_ms.push_back(Seconds(std::chrono::steady_clock::now() - t0) * 1e3);
-    RETURN_IF_ERROR(save->WaitStaged());
-    if (args.exit_after_staged) {
-      const ckpt::v1::SaveProgress p = save->progress();
-      out->ok = true;
-      out->staged_s.push_back((p.staged_unix_micros() - p.accepted_unix_micros()) / 1e6);
-      out->durable_s.push_back(0);
-      out->committed_s.push_back(0);
-      const std::string line = Encode(*out);
-      _exit(write(g_result_fd, line.data(), line.size()) ==
-                    static_cast<ssize_t>(line.size())
-                ? 0
-                : 1);
-    }
-    RETURN_IF_ERROR(save->WaitCommitted());
-    const ckpt::v1::SaveProgress p = save->progress();
-    const double accepted = p.accepted_unix_micros();
-    out->staged_s.push_back((p.staged_unix_micros() - accepted) / 1e6);
-    out->durable_s.push_back((p.durable_unix_micros() - accepted) / 1e6);
-    out->committed_s.push_back((p.committed_unix_micros() - accepted) / 1e6);
-  }
-  if (args.restore) {
-    const uint32_t last = step - 1;
-    std::memset(mem, 0, total);
-    ckpt::v1::LoadRequest request;
-    request.set_job(args.job);
-    request.set_checkpoint(StepName(last));
-    items(&request);
-    request.add_byte_items("trainer.step");
-    const auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, client->Load(std::move(request)));
-    out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
-    const size_t bad = ckpt::FirstPatternMismatch(words, total / 8,
-                                                  ckpt::PatternSeed(rank, last));
-    out->verified = bad == total / 8 && response.byte_items_size() == 1 &&
-                    response.byte_items(0).data() == std::to_string(last);
-    if (!out->verified) {
-      out->error = absl::StrCat("rank ", rank, " restore mismatch at word ", bad);
-    }
-  }
-  munmap(mem, total);
-  return absl::OkStatus();
-}
 
 std::string Encode(const RankResult& r) {
   std::string s = absl::StrCat(r.ok ? 1 : 0, " ", r.verified ? 1 : 0, " ", r.bytes,
@@ -187,11 +100,11 @@ std::string Encode(const RankResult& r) {
 
 bool Decode(const std::string& line, RankResult* r) {
   std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-  if (f.size() < 6) return false;
   size_t n = 0;
   int ok = 0, verified = 0;
-  if (!absl::SimpleAtoi(f[0], &ok) || !absl::SimpleAtoi(f[1], &verified) ||
-      !absl::SimpleAtoi(f[2], &r->bytes) || !absl::SimpleAtod(f[3], &r->restore_s) ||
+  if (f.size() < 6 || !absl::SimpleAtoi(f[0], &ok) ||
+      !absl::SimpleAtoi(f[1], &verified) || !absl::SimpleAtoi(f[2], &r->bytes) ||
+      !absl::SimpleAtod(f[3], &r->restore_s) ||
       !absl::SimpleAtod(f[4], &r->define_layout_ms) ||
       !absl::SimpleAtoi(f[5], &n) || f.size() != 6 + 4 * n) {
     return false;
@@ -211,16 +124,125 @@ bool Decode(const std::string& line, RankResult* r) {
   return true;
 }
 
+void RecordPhases(const ckpt::v1::SaveProgress& p, RankResult* out) {
+  const double accepted = p.accepted_unix_micros();
+  auto since = [&](int64_t t) { return t == 0 ? 0.0 : (t - accepted) / 1e6; };
+  out->staged_s.push_back(since(p.staged_unix_micros()));
+  out->durable_s.push_back(since(p.durable_unix_micros()));
+  out->committed_s.push_back(since(p.committed_unix_micros()));
+}
+
+absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
+  const auto tensors = ckpt::bench::GlobalTensors(args.layout);
+  const auto chunks = ckpt::bench::ChunksOfRank(args.layout, tensors, rank);
+  std::vector<uint64_t> offset(chunks.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    offset[i] = total;
+    total += (chunks[i].bytes + 4095) / 4096 * 4096;
+    out->bytes += chunks[i].bytes;
+  }
+  void* mem = mmap(nullptr, std::max<uint64_t>(total, 4096), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (mem == MAP_FAILED) return absl::ResourceExhaustedError("mmap");
+  char* base = static_cast<char*>(mem);
+
+  const uint32_t node = rank / args.ranks_per_node;
+  ASSIGN_OR_RETURN(auto client,
+                   ckpt::Client::Connect({.socket = args.SocketOf(node),
+                                          .job = args.job,
+                                          .rank = rank,
+                                          .world_size = args.world(),
+                                          .node = node,
+                                          .local_world_size = args.ranks_per_node}));
+  ASSIGN_OR_RETURN(uint64_t region,
+                   client->RegisterRegion(mem, std::max<uint64_t>(total, 4096)));
+  google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> items;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ckpt::bench::Chunk& c = chunks[i];
+    ckpt::v1::TensorItem* item = items.Add();
+    item->set_fqn(c.fqn);
+    item->set_dtype(c.dtype);
+    for (uint64_t d : c.global_shape) item->add_global_shape(d);
+    for (uint64_t d : c.offsets) item->add_offsets(d);
+    for (uint64_t d : c.local_shape) item->add_local_shape(d);
+    for (uint32_t r : c.replicas) item->add_replica_ranks(r);
+    item->mutable_memory()->set_region_id(region);
+    item->mutable_memory()->set_offset(offset[i]);
+    item->mutable_memory()->set_length(c.bytes);
+  }
+  // The layout is defined once, as a trainer does at start-up; saves then
+  // send only its id.
+  const auto d0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(uint64_t layout_id, client->DefineLayout(items));
+  out->define_layout_ms = Seconds(std::chrono::steady_clock::now() - d0) * 1e3;
+  if (!g_barriers->start.Wait()) return absl::AbortedError("another rank failed");
+
+  uint32_t step = args.first_step;
+  for (uint32_t k = 0; k < args.saves; ++k, ++step) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      ckpt::FillPatternBytes(base + offset[i], chunks[i].bytes,
+                             ckpt::bench::ChunkSeed(chunks[i], step));
+    }
+    ckpt::v1::SaveRequest request;
+    request.set_job(args.job);
+    request.set_checkpoint(StepName(step));
+    request.set_layout_id(layout_id);
+    ckpt::v1::ByteItem* b = request.add_byte_items();
+    b->set_fqn("trainer.rng");
+    b->set_data(absl::StrCat("rng of rank ", rank, " at ", step));
+    if (!g_barriers->step.Wait()) return absl::AbortedError("another rank failed");
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(auto save, client->Save(std::move(request)));
+    out->save_call_ms.push_back(Seconds(std::chrono::steady_clock::now() - t0) * 1e3);
+    RETURN_IF_ERROR(save->WaitStaged());
+    if (args.exit_after_staged) {
+      out->ok = true;
+      RecordPhases(save->progress(), out);
+      const std::string line = Encode(*out);
+      const bool written =
+          write(g_result_fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      _exit(written ? 0 : 1);
+    }
+    RETURN_IF_ERROR(save->WaitCommitted());
+    RecordPhases(save->progress(), out);
+  }
+  if (args.restore) {
+    const uint32_t last = step - 1;
+    std::memset(mem, 0, total);
+    ckpt::v1::LoadRequest request;
+    request.set_job(args.job);
+    request.set_checkpoint(StepName(last));
+    *request.mutable_tensors() = items;
+    request.add_byte_items("trainer.rng");
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, client->Load(std::move(request)));
+    out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
+    out->verified = response.byte_items_size() == 1 &&
+                    response.byte_items(0).data() ==
+                        absl::StrCat("rng of rank ", rank, " at ", last);
+    for (size_t i = 0; i < chunks.size() && out->verified; ++i) {
+      if (!ckpt::PatternBytesMatch(base + offset[i], chunks[i].bytes,
+                                   ckpt::bench::ChunkSeed(chunks[i], last))) {
+        out->verified = false;
+        std::fprintf(stderr, "rank %u: chunk %s differs after restore\n", rank,
+                     chunks[i].fqn.c_str());
+      }
+    }
+  }
+  munmap(mem, std::max<uint64_t>(total, 4096));
+  return absl::OkStatus();
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
 }
 
 bool ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
+    const std::string flag = argv[i];
     if (flag == "--restore") {
       a->restore = true;
       continue;
@@ -234,18 +256,36 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     bool ok = true;
     if (flag == "--socket") a->socket = v;
     else if (flag == "--job") a->job = v;
-    else if (flag == "--ranks") ok = absl::SimpleAtoi(v, &a->ranks);
-    else if (flag == "--tensors") ok = absl::SimpleAtoi(v, &a->tensors);
-    else if (flag == "--bytes-per-rank") ok = absl::SimpleAtoi(v, &a->bytes_per_rank);
+    else if (flag == "--nodes") ok = absl::SimpleAtoi(v, &a->nodes);
+    else if (flag == "--ranks-per-node" || flag == "--ranks")
+      ok = absl::SimpleAtoi(v, &a->ranks_per_node);
+    else if (flag == "--replicas") ok = absl::SimpleAtoi(v, &a->layout.replicas);
+    else if (flag == "--layout") a->layout.preset = v;
+    else if (flag == "--tensors") ok = absl::SimpleAtoi(v, &a->layout.tensors);
+    else if (flag == "--bytes-per-rank") ok = absl::SimpleAtoi(v, &a->layout.bytes_per_rank);
     else if (flag == "--saves") ok = absl::SimpleAtoi(v, &a->saves);
     else if (flag == "--first-step") ok = absl::SimpleAtoi(v, &a->first_step);
     else return false;
     if (!ok) return false;
   }
-  // --saves 0 --restore loads step-<first-step - 1> saved by an earlier run.
-  return a->ranks > 0 && a->tensors > 0 && (a->saves > 0 || a->restore) &&
-         a->first_step > (a->saves == 0 ? 1u : 0u) &&
+  a->layout.world = a->world();
+  return a->world() > 0 && ckpt::bench::ValidateLayoutSpec(a->layout).ok() &&
+         (a->saves > 0 || a->restore) && a->first_step > (a->saves == 0 ? 1u : 0u) &&
          !(a->exit_after_staged && (a->saves != 1 || a->restore));
+}
+
+// Tensor bytes each daemon has written so far (0 where one does not answer).
+std::vector<uint64_t> BytesWritten(const Args& args) {
+  std::vector<uint64_t> out;
+  for (uint32_t n = 0; n < args.nodes; ++n) {
+    auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.SocketOf(n)));
+    ckpt::v1::DaemonStatusResponse status;
+    grpc::ClientContext context;
+    const bool ok =
+        stub->DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &status).ok();
+    out.push_back(ok ? status.tensor_bytes_written() : 0);
+  }
+  return out;
 }
 
 }  // namespace
@@ -253,26 +293,30 @@ bool ParseArgs(int argc, char** argv, Args* a) {
 int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, &args)) {
-    std::fprintf(stderr,
-                 "usage: ckpt-loadgen --socket S --job J --ranks N --tensors T "
-                 "--bytes-per-rank B [--saves K] [--first-step S] [--restore]\n"
-                 "       [--exit-after-staged]  (with --saves 1, no --restore)\n");
+    std::fprintf(
+        stderr,
+        "usage: ckpt-loadgen --socket S --job J [--nodes N] --ranks-per-node R\n"
+        "       [--replicas K] [--layout uniform|llama-8b|llama-70b] [--tensors T]\n"
+        "       --bytes-per-rank B [--saves K] [--first-step S] [--restore]\n"
+        "       [--exit-after-staged]  (with --saves 1, no --restore)\n"
+        "S may contain {node}; K must divide N*R.\n");
     return 2;
   }
-  void* shared = mmap(nullptr, sizeof(pthread_barrier_t), PROT_READ | PROT_WRITE,
+  const uint32_t world = args.world();
+  void* shared = mmap(nullptr, sizeof(Barriers), PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  pthread_barrierattr_t attr;
-  if (shared == MAP_FAILED || pthread_barrierattr_init(&attr) != 0 ||
-      pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED) != 0 ||
-      pthread_barrier_init(static_cast<pthread_barrier_t*>(shared), &attr,
-                           args.ranks) != 0) {
-    std::fprintf(stderr, "cannot set up the process-shared barrier\n");
+  if (shared == MAP_FAILED) {
+    std::perror("mmap");
     return 1;
   }
-  g_barrier = static_cast<pthread_barrier_t*>(shared);
+  g_barriers = new (shared) Barriers();
+  if (!g_barriers->start.Init(world + 1) || !g_barriers->step.Init(world)) {
+    std::fprintf(stderr, "cannot set up process-shared barriers\n");
+    return 1;
+  }
   std::vector<pid_t> pids;
   std::vector<int> pipes;
-  for (uint32_t rank = 0; rank < args.ranks; ++rank) {
+  for (uint32_t rank = 0; rank < world; ++rank) {
     int fds[2];
     if (pipe(fds) != 0) {
       std::perror("pipe");
@@ -289,19 +333,28 @@ int main(int argc, char** argv) {
       RankResult r;
       absl::Status status = RunRank(args, rank, &r);
       r.ok = status.ok();
-      if (!status.ok()) std::fprintf(stderr, "rank %u: %s\n", rank, status.ToString().c_str());
-      if (!r.error.empty()) std::fprintf(stderr, "%s\n", r.error.c_str());
+      if (!status.ok()) {
+        std::fprintf(stderr, "rank %u: %s\n", rank, status.ToString().c_str());
+        // Release the others from the barriers they may be waiting at.
+        g_barriers->start.Abort();
+        g_barriers->step.Abort();
+        _exit(3);
+      }
       const std::string line = Encode(r);
-      const bool written = write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size());
-      _exit(r.ok && written ? 0 : 1);
+      const bool written =
+          write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size());
+      _exit(written ? 0 : 1);
     }
     close(fds[1]);
     pids.push_back(pid);
     pipes.push_back(fds[0]);
   }
-  std::vector<RankResult> results(args.ranks);
+  const std::vector<uint64_t> written_before = BytesWritten(args);
+  g_barriers->start.Wait();  // false only if a rank failed: reported below
+
+  std::vector<RankResult> results(world);
   bool all_ok = true;
-  for (uint32_t rank = 0; rank < args.ranks; ++rank) {
+  for (uint32_t rank = 0; rank < world; ++rank) {
     std::string line;
     char buf[4096];
     ssize_t n;
@@ -312,22 +365,22 @@ int main(int argc, char** argv) {
     if (!Decode(line, &results[rank]) || !results[rank].ok) all_ok = false;
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) all_ok = false;
   }
+  const std::vector<uint64_t> written_after = BytesWritten(args);
 
-  // Aggregate: a checkpoint is staged/durable/committed when its last rank
-  // is; report the mean over saves of that per-save maximum.
+  // A checkpoint is staged/durable/committed when its last rank is; report
+  // the mean over saves of that per-save maximum.
   std::vector<double> calls;
-  double define_layout_ms = 0;
-  double staged = 0, durable = 0, committed = 0, restore = 0;
-  uint64_t total_bytes = 0;
+  double define_layout_ms = 0, staged = 0, durable = 0, committed = 0, restore = 0;
+  uint64_t rank_bytes = 0;
   bool verified = args.restore;
   for (const RankResult& r : results) {
     calls.insert(calls.end(), r.save_call_ms.begin(), r.save_call_ms.end());
-    total_bytes += r.bytes;
+    rank_bytes += r.bytes;
     restore = std::max(restore, r.restore_s);
     define_layout_ms = std::max(define_layout_ms, r.define_layout_ms);
     verified = verified && r.verified;
   }
-  for (uint32_t k = 0; k < args.saves && all_ok && !args.exit_after_staged; ++k) {
+  for (uint32_t k = 0; k < args.saves && all_ok; ++k) {
     double s = 0, d = 0, c = 0;
     for (const RankResult& r : results) {
       s = std::max(s, r.staged_s[k]);
@@ -338,10 +391,19 @@ int main(int argc, char** argv) {
     durable += d / args.saves;
     committed += c / args.saves;
   }
+  const uint64_t unique =
+      ckpt::bench::UniqueBytes(ckpt::bench::GlobalTensors(args.layout));
+  std::vector<uint64_t> per_node;
+  uint64_t bytes_written = 0, max_node = 0;
+  for (uint32_t n = 0; n < args.nodes; ++n) {
+    per_node.push_back((written_after[n] - written_before[n]) / std::max(1u, args.saves));
+    bytes_written += per_node.back();
+    max_node = std::max(max_node, per_node.back());
+  }
   uint64_t peak_rss = 0, pool = 0;
   std::string backend;
   {
-    auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.socket));
+    auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.SocketOf(0)));
     ckpt::v1::DaemonStatusResponse status;
     grpc::ClientContext context;
     if (stub->DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &status).ok()) {
@@ -350,19 +412,25 @@ int main(int argc, char** argv) {
       backend = status.io_backend();
     }
   }
+  auto b = [](bool v) { return v ? "true" : "false"; };
   std::printf(
-      "{\"ok\": %s, \"ranks\": %u, \"tensors_per_rank\": %u, \"saves\": %u, "
-      "\"total_bytes\": %llu, \"define_layout_ms\": %.3f, \"save_call_ms_p50\": %.3f, \"save_call_ms_p99\": %.3f, "
-      "\"staged_s\": %.4f, \"durable_s\": %.4f, \"committed_s\": %.4f, "
-      "\"durable_gbps\": %.3f, \"restore_s\": %.4f, \"restore_gbps\": %.3f, "
-      "\"verified\": %s, \"daemon_peak_rss_bytes\": %llu, "
-      "\"staging_pool_bytes\": %llu, \"io_backend\": \"%s\"}\n",
-      all_ok ? "true" : "false", args.ranks, args.tensors, args.saves,
-      static_cast<unsigned long long>(total_bytes), define_layout_ms,
-      Percentile(calls, 0.5),
-      Percentile(calls, 0.99), staged, durable, committed,
-      durable > 0 ? total_bytes / durable / 1e9 : 0.0, restore,
-      restore > 0 ? total_bytes / restore / 1e9 : 0.0, verified ? "true" : "false",
+      "{\"ok\": %s, \"layout\": \"%s\", \"nodes\": %u, \"ranks_per_node\": %u, "
+      "\"replicas\": %u, \"saves\": %u, \"total_bytes\": %llu, "
+      "\"unique_bytes\": %llu, \"bytes_written\": %llu, \"per_node_bytes\": [%s], "
+      "\"max_node_share_over_ideal\": %.4f, \"define_layout_ms\": %.3f, "
+      "\"save_call_ms_p50\": %.3f, \"save_call_ms_p99\": %.3f, \"staged_s\": %.4f, "
+      "\"durable_s\": %.4f, \"committed_s\": %.4f, \"durable_gbps\": %.3f, "
+      "\"restore_s\": %.4f, \"restore_gbps\": %.3f, \"verified\": %s, "
+      "\"daemon_peak_rss_bytes\": %llu, \"staging_pool_bytes\": %llu, "
+      "\"io_backend\": \"%s\"}\n",
+      b(all_ok), args.layout.preset.c_str(), args.nodes, args.ranks_per_node,
+      args.layout.replicas, args.saves, static_cast<unsigned long long>(rank_bytes),
+      static_cast<unsigned long long>(unique),
+      static_cast<unsigned long long>(bytes_written), absl::StrJoin(per_node, ", ").c_str(),
+      unique > 0 ? max_node / (static_cast<double>(unique) / args.nodes) : 0.0,
+      define_layout_ms, Percentile(calls, 0.5), Percentile(calls, 0.99), staged,
+      durable, committed, durable > 0 ? bytes_written / durable / 1e9 : 0.0, restore,
+      restore > 0 ? rank_bytes / restore / 1e9 : 0.0, b(verified),
       static_cast<unsigned long long>(peak_rss), static_cast<unsigned long long>(pool),
       backend.c_str());
   return all_ok && (verified || !args.restore) ? 0 : 1;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace ckpt {
 
@@ -30,6 +31,23 @@ inline size_t FirstPatternMismatch(const uint64_t* data, size_t words,
     if (data[i] != PatternWord(seed, i)) return i;
   }
   return words;
+}
+
+// Byte-granular versions for chunks whose size is not a multiple of 8:
+// byte i is byte (i % 8) of word (i / 8).
+inline void FillPatternBytes(char* data, size_t bytes, uint64_t seed) {
+  FillPattern(reinterpret_cast<uint64_t*>(data), bytes / 8, seed);
+  const uint64_t tail = PatternWord(seed, bytes / 8);
+  std::memcpy(data + bytes / 8 * 8, &tail, bytes % 8);
+}
+
+inline bool PatternBytesMatch(const char* data, size_t bytes, uint64_t seed) {
+  if (FirstPatternMismatch(reinterpret_cast<const uint64_t*>(data), bytes / 8,
+                           seed) != bytes / 8) {
+    return false;
+  }
+  const uint64_t tail = PatternWord(seed, bytes / 8);
+  return std::memcmp(data + bytes / 8 * 8, &tail, bytes % 8) == 0;
 }
 
 }  // namespace ckpt

@@ -86,6 +86,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   request.set_rank(options.rank);
   request.set_world_size(options.world_size);
   request.set_job(options.job);
+  request.set_node(options.node);
+  request.set_local_world_size(options.local_world_size);
   v1::OpenSessionResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(client->stub_->OpenSession(&context, request, &response),

@@ -40,6 +40,8 @@ struct ConnectOptions {
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  uint32_t node = 0;              // the daemon's --node_id
+  uint32_t local_world_size = 0;  // ranks on this node; 0: all (one node)
 };
 
 // A gRPC channel to the daemon's socket with the message size limits the

@@ -3,6 +3,7 @@
 //   ckptctl [--socket PATH] status [--watch]   in-flight saves, live progress
 //   ckptctl [--socket PATH] list [JOB]         checkpoints (committed or not)
 //   ckptctl [--socket PATH] cancel JOB CHECKPOINT
+//   ckptctl [--socket PATH] gc [JOB]           remove stale uncommitted ones
 //
 // Exit status: 0 on success, 1 on an error from the daemon, 2 on bad usage.
 #include <unistd.h>
@@ -26,7 +27,9 @@ constexpr char kUsage[] =
     "usage: ckptctl [--socket PATH] COMMAND\n"
     "  status [--watch]        in-flight saves with progress (--watch: live)\n"
     "  list [JOB]              checkpoints of JOB (default: every job)\n"
-    "  cancel JOB CHECKPOINT   cancel an in-flight checkpoint\n";
+    "  cancel JOB CHECKPOINT   cancel an in-flight checkpoint\n"
+    "  gc [JOB]                remove uncommitted checkpoints older than the\n"
+    "                          newest committed one\n";
 
 std::string Bytes(double n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -52,9 +55,9 @@ std::string PhaseName(ckpt::v1::Phase phase) {
 // One line per in-flight save: staged and written bars, rate, ETA.
 std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
   std::string out = absl::StrFormat(
-      "ckptd %s pid %u  root %s  io %s  pool %s (%s free)  peak rss %s  "
-      "sessions %u\n",
-      s.version(), s.pid(), s.root(), s.io_backend(),
+      "ckptd %s pid %u  node %u/%u  root %s  io %s  pool %s (%s free)  "
+      "peak rss %s  sessions %u\n",
+      s.version(), s.pid(), s.node_id(), s.nodes(), s.root(), s.io_backend(),
       Bytes(s.staging_pool_bytes()), Bytes(s.staging_pool_free_bytes()),
       Bytes(s.peak_rss_bytes()), s.sessions());
   if (s.saves().empty()) return out + "no saves in flight\n";
@@ -137,6 +140,19 @@ int Cancel(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
   return 0;
 }
 
+int Gc(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
+  ckpt::v1::CollectGarbageRequest request;
+  request.set_job(job);
+  ckpt::v1::CollectGarbageResponse response;
+  grpc::ClientContext context;
+  auto status =
+      ckpt::FromGrpc(stub.CollectGarbage(&context, request, &response), "gc");
+  if (!status.ok()) return Fail(status);
+  for (const auto& r : response.removed()) std::printf("removed %s\n", r.c_str());
+  std::printf("%d uncommitted checkpoint(s) removed\n", response.removed_size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +183,9 @@ int main(int argc, char** argv) {
   }
   if (command == "list" && args.size() <= 2) {
     return List(*stub, args.size() == 2 ? args[1] : "");
+  }
+  if (command == "gc" && args.size() <= 2) {
+    return Gc(*stub, args.size() == 2 ? args[1] : "");
   }
   if (command == "cancel" && args.size() == 3) {
     return Cancel(*stub, args[1], args[2]);

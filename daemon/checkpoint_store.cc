@@ -4,9 +4,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/names.h"
@@ -39,21 +44,26 @@ std::string CheckpointStore::NodeManifestName(uint32_t node_id) {
 }
 
 absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
-                                             absl::string_view checkpoint) const {
+                                             absl::string_view checkpoint,
+                                             uint32_t node_id) const {
   RETURN_IF_ERROR(ValidateStorageName(job, "job"));
   RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
   if (checkpoint == kLatestAlias) {
     return absl::InvalidArgumentError(
         "checkpoint name 'latest' is reserved for loading the newest one");
   }
-  const std::string dir = CheckpointDir(job, checkpoint);
-  if (Exists(absl::StrCat(dir, "/", kCommitFileName))) {
+  if (IsCommitted(job, checkpoint)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "checkpoint ", job, "/", checkpoint, " is already committed"));
   }
-  if (Exists(dir)) RETURN_IF_ERROR(RemoveTree(dir));
   RETURN_IF_ERROR(MakeDirDurably(root_, job));
-  return MakeDirDurably(JobDir(job), checkpoint);
+  RETURN_IF_ERROR(MakeDirDurably(JobDir(job), checkpoint));
+  const std::string stale = absl::StrCat(CheckpointDir(job, checkpoint), "/",
+                                         NodeManifestName(node_id));
+  if (::unlink(stale.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove stale ", stale));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointStore::WriteNodeManifest(
@@ -76,12 +86,74 @@ absl::Status CheckpointStore::WriteCommit(const v1::CommitRecord& record) const 
 }
 
 absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
-                                           absl::string_view checkpoint) const {
-  // LATEST moves only after COMMIT is durable: a reader that follows it
-  // always finds a committed checkpoint.
+                                           absl::string_view checkpoint,
+                                           int64_t committed_unix_micros) const {
+  // LATEST moves only after COMMIT is durable, so a reader that follows it
+  // always finds a committed checkpoint; and only forward, so a slow commit
+  // of an older checkpoint cannot pull it back.
   std::lock_guard lock(latest_mu_);
+  auto current = ReadCommit(job, kLatestAlias);
+  if (current.ok() && current->index().checkpoint() != checkpoint &&
+      current->committed_unix_micros() > committed_unix_micros) {
+    return absl::OkStatus();
+  }
   return WriteFileDurably(JobDir(job), kLatestFileName,
                           absl::StrCat(checkpoint, "\n"));
+}
+
+absl::StatusOr<std::vector<uint32_t>> CheckpointStore::ListNodeManifests(
+    absl::string_view job, absl::string_view checkpoint) const {
+  const std::string dir = CheckpointDir(job, checkpoint);
+  std::vector<uint32_t> ids;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoToStatus(errno, absl::StrCat("opendir ", dir));
+  while (dirent* e = ::readdir(d)) {
+    // Exactly "node-NNNN.manifest"; temporaries have a longer tail.
+    absl::string_view name = e->d_name;
+    uint32_t id = 0;
+    if (absl::ConsumePrefix(&name, "node-") &&
+        absl::ConsumeSuffix(&name, ".manifest") && absl::SimpleAtoi(name, &id) &&
+        NodeManifestName(id) == e->d_name) {
+      ids.push_back(id);
+    }
+  }
+  ::closedir(d);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::StatusOr<v1::Manifest> CheckpointStore::ReadNodeManifest(
+    absl::string_view job, absl::string_view checkpoint, uint32_t node_id) const {
+  const std::string path = absl::StrCat(CheckpointDir(job, checkpoint), "/",
+                                        NodeManifestName(node_id));
+  ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(path));
+  v1::Manifest manifest;
+  RETURN_IF_ERROR(ParseFramedMessage(kNodeManifestMagic, bytes, path, &manifest));
+  return manifest;
+}
+
+absl::Status CheckpointStore::RemoveNodePart(
+    absl::string_view job, absl::string_view checkpoint, uint32_t node_id,
+    const std::vector<std::string>& files) const {
+  const std::string dir = CheckpointDir(job, checkpoint);
+  if (IsCommitted(job, checkpoint)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to remove files of committed checkpoint ", job, "/", checkpoint));
+  }
+  std::vector<std::string> names = files;
+  names.push_back(NodeManifestName(node_id));
+  for (const std::string& name : names) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoToStatus(errno, absl::StrCat("remove ", path));
+    }
+  }
+  // Other nodes' files keep the directory; that is their part to remove.
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST &&
+      errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("rmdir ", dir));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> CheckpointStore::ResolveLatest(

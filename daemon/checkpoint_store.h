@@ -39,23 +39,38 @@ class CheckpointStore {
   std::string CheckpointDir(absl::string_view job,
                             absl::string_view checkpoint) const;
 
-  // Creates an empty directory for a new save. AlreadyExists if the
-  // checkpoint is committed; a leftover uncommitted directory (a save that
-  // crashed) is removed first, since it can never commit.
-  absl::Status PrepareForSave(absl::string_view job,
-                              absl::string_view checkpoint) const;
+  // Creates the checkpoint directory for this node's part of a new save.
+  // AlreadyExists if the checkpoint is committed. Other nodes may be writing
+  // into the same directory, so only this node's leftovers of an earlier,
+  // crashed attempt are removed: its node manifest here, its data files as
+  // they are rewritten.
+  absl::Status PrepareForSave(absl::string_view job, absl::string_view checkpoint,
+                              uint32_t node_id) const;
 
   static std::string NodeManifestName(uint32_t node_id);
   absl::Status WriteNodeManifest(const v1::Manifest& manifest) const;
+  // Node ids whose manifest exists in the checkpoint directory.
+  absl::StatusOr<std::vector<uint32_t>> ListNodeManifests(
+      absl::string_view job, absl::string_view checkpoint) const;
+  absl::StatusOr<v1::Manifest> ReadNodeManifest(absl::string_view job,
+                                                absl::string_view checkpoint,
+                                                uint32_t node_id) const;
+  // Removes what one node wrote for an uncommitted checkpoint (`files` and
+  // its manifest), then the directory if that left it empty.
+  absl::Status RemoveNodePart(absl::string_view job, absl::string_view checkpoint,
+                              uint32_t node_id,
+                              const std::vector<std::string>& files) const;
 
   // True if the checkpoint's COMMIT file exists (a stat, for fast checks).
   bool IsCommitted(absl::string_view job, absl::string_view checkpoint) const;
 
   // Writes COMMIT durably: from here on the checkpoint is committed.
   absl::Status WriteCommit(const v1::CommitRecord& record) const;
-  // Points LATEST at `checkpoint`; call only after WriteCommit succeeded.
-  absl::Status UpdateLatest(absl::string_view job,
-                            absl::string_view checkpoint) const;
+  // Points LATEST at `checkpoint` (committed at `committed_unix_micros`)
+  // unless it already names a checkpoint committed later; call only after
+  // WriteCommit succeeded.
+  absl::Status UpdateLatest(absl::string_view job, absl::string_view checkpoint,
+                            int64_t committed_unix_micros) const;
 
   // The commit record of a committed checkpoint; NotFound if it is not
   // committed. `checkpoint` may be "latest".

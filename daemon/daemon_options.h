@@ -31,7 +31,13 @@ struct DaemonOptions {
   // Storage write rate cap in bytes/s across the daemon; 0 = unlimited.
   // Keeps checkpoint traffic from starving the trainer's own I/O.
   uint64_t write_rate_limit = 0;
+  // This daemon's node and the job's node count; every node writes its own
+  // manifest and the checkpoint commits once all `nodes` manifests exist.
   uint32_t node_id = 0;
+  uint32_t nodes = 1;
+  // How long a node that is durable waits for the other nodes' manifests
+  // before it declares the checkpoint failed.
+  uint64_t commit_timeout_ms = 600'000;
 };
 
 }  // namespace ckpt

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <random>
 #include <cerrno>
 #include <filesystem>
 #include <system_error>
@@ -65,11 +66,12 @@ FileOps& DefaultFileOps() {
 absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
                               absl::string_view bytes, FileOps& ops) {
   const std::string path = absl::StrCat(dir, "/", name);
-  // pid + a process-wide counter: unique among concurrent writers of this
-  // daemon and across daemons.
+  // pid, a random per-process salt (daemons on different machines can share
+  // a pid and a directory) and a counter: unique among all writers.
+  static const uint64_t salt = std::random_device()() * uint64_t{0x9e3779b97f4a7c15};
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
+                                       absl::Hex(salt), ".", counter.fetch_add(1));
   ASSIGN_OR_RETURN(int raw_fd, ops.CreateExclusive(tmp));
   UniqueFd fd(raw_fd);
   absl::Status status = ops.WriteAll(fd.get(), bytes, tmp);

@@ -3,8 +3,9 @@
 //
 // WriteFileDurably(dir, name, bytes) makes `name` appear atomically with
 // exactly `bytes` and survive power loss:
-//   1. write `bytes` to "<name>.tmp.<pid>.<n>" (created O_EXCL, so two
-//      writers never share a temporary),
+//   1. write `bytes` to "<name>.tmp.<pid>.<salt>.<n>" (created O_EXCL; the
+//      random salt and counter keep concurrent writers, even daemons on
+//      other machines sharing the directory, from sharing a temporary),
 //   2. fsync the temporary,
 //   3. rename it over `name`,
 //   4. fsync the directory so the rename itself is durable.

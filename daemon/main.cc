@@ -31,7 +31,12 @@ ABSL_FLAG(uint32_t, max_request_bytes, kDefaults.max_request_bytes,
           "largest accepted gRPC message");
 ABSL_FLAG(uint64_t, write_rate_limit, kDefaults.write_rate_limit,
           "storage write cap in bytes/s (0: unlimited)");
-ABSL_FLAG(uint32_t, node_id, kDefaults.node_id, "this node's id");
+ABSL_FLAG(uint32_t, node_id, kDefaults.node_id, "this node's id (0..nodes-1)");
+ABSL_FLAG(uint32_t, nodes, kDefaults.nodes,
+          "nodes of the jobs this daemon serves; a checkpoint commits once "
+          "every node's manifest is in the shared storage root");
+ABSL_FLAG(uint64_t, commit_timeout_ms, kDefaults.commit_timeout_ms,
+          "how long a durable node waits for the other nodes");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
 int main(int argc, char** argv) {
@@ -48,6 +53,8 @@ int main(int argc, char** argv) {
   options.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   options.write_rate_limit = absl::GetFlag(FLAGS_write_rate_limit);
   options.node_id = absl::GetFlag(FLAGS_node_id);
+  options.nodes = absl::GetFlag(FLAGS_nodes);
+  options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.

@@ -1,15 +1,19 @@
 #include "daemon/save_coordinator.h"
 
-#include <xxhash.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "daemon/durable_file.h"
+#include "daemon/node_manifest.h"
 
 namespace ckpt {
 namespace {
@@ -38,7 +42,19 @@ SaveCoordinator::SaveCoordinator(const DaemonOptions& options,
       store_(store),
       pool_(pool),
       workers_(workers),
-      limiter_(options.write_rate_limit) {}
+      limiter_(options.write_rate_limit),
+      commit_(store) {
+  watcher_ = std::thread([this] { WatchCommits(); });
+}
+
+SaveCoordinator::~SaveCoordinator() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  watcher_wake_.notify_all();
+  watcher_.join();
+}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
     const std::shared_ptr<Session>& session, const v1::SaveRequest& request) {
@@ -90,16 +106,23 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
       cp->job = request.job();
       cp->name = request.checkpoint();
       cp->world_size = session->world_size();
+      cp->local_ranks = session->local_world_size();
     } else if (cp->final_phase != v1::PHASE_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", key, " already ended: ", cp->reason));
-    } else if (cp->world_size != session->world_size()) {
+    } else if (cp->world_size != session->world_size() ||
+               cp->local_ranks != session->local_world_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "session world size ", session->world_size(),
-          " differs from the ", cp->world_size, " of checkpoint ", key));
+          "session world size ", session->world_size(), " (", 
+          session->local_world_size(), " local) differs from the ",
+          cp->world_size, " (", cp->local_ranks, " local) of checkpoint ", key));
     } else if (cp->parts.count(session->rank()) != 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "rank ", session->rank(), " already submitted its part of ", key));
+    } else if (cp->parts.size() == cp->local_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", key, " already has all ", cp->local_ranks,
+          " local ranks; rank ", session->rank(), " is one too many"));
     }
     part->id = next_id_++;
     part->session = session;
@@ -107,8 +130,6 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
     part->tensors = std::move(tensors);
     part->byte_items.assign(request.byte_items().begin(),
                             request.byte_items().end());
-    part->file_name = DataFileName(session->rank(), session->rank() + 1,
-                                   cp->world_size);
     v1::SaveProgress& p = part->progress;
     p.set_save_id(part->id);
     p.set_job(cp->job);
@@ -116,7 +137,9 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
     p.set_rank(session->rank());
     p.set_phase(v1::PHASE_ACCEPTED);
     p.set_world_size(cp->world_size);
-    p.set_total_bytes(part->tensors->file.file_size);
+    uint64_t total = 0;
+    for (const PlannedFile& f : part->tensors->plan.files) total += f.layout.file_size;
+    p.set_total_bytes(total);
     p.set_accepted_unix_micros(NowMicros());
     cp->parts[session->rank()] = part;
     for (auto& [rank, other] : cp->parts) {
@@ -138,35 +161,15 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     FinishPart(part, absl::CancelledError("cancelled before it started"));
     return;
   }
-  std::call_once(cp.prepared, [&] {
-    cp.prepare_status = store_->PrepareForSave(cp.job, cp.name);
+  std::call_once(cp.prepare_once, [&] {
+    cp.prepare_status = store_->PrepareForSave(cp.job, cp.name, options_.node_id);
+    cp.prepared = true;
   });
   if (!cp.prepare_status.ok()) {
     FinishPart(part, cp.prepare_status);
     return;
   }
-
-  ShardWriteRequest req;
-  req.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/",
-                          part->file_name);
-  req.layout = &part->tensors->file;
-  req.remote = part->tensors->remote;
-  req.lengths = part->tensors->lengths;
-  req.checksum_block_bytes = options_.checksum_block_bytes;
-  req.source = part->session->memory();
-  req.cancelled = &part->cancelled;
-  req.limiter = &limiter_;
-  req.on_progress = [&](const ShardWriteProgress& progress) {
-    Notifications notify;
-    {
-      std::lock_guard lock(mu_);
-      part->progress.set_bytes_staged(progress.bytes_staged);
-      part->progress.set_bytes_written(progress.bytes_written);
-      PublishLocked(*part, /*force=*/false, &notify);
-    }
-    Notify(notify);
-  };
-  req.on_staged = [&] {
+  auto mark_staged = [&] {
     Notifications notify;
     {
       std::lock_guard lock(mu_);
@@ -178,10 +181,53 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     }
     Notify(notify);
   };
+  const TensorLayout& tensors = *part->tensors;
+  const std::vector<PlannedFile>& files = tensors.plan.files;
+  // A rank that owns nothing (its replicas write everything) is staged now.
+  if (files.empty()) mark_staged();
   ShardWriter writer(pool_, &queue);
-  auto result = writer.Write(req);
-  if (result.ok()) part->result = *std::move(result);
-  FinishPart(part, result.status());
+  ShardWriteProgress before;  // of the files already written
+  for (size_t f = 0; f < files.size(); ++f) {
+    const PlannedFile& file = files[f];
+    ShardWriteRequest req;
+    req.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
+    // A leftover of an earlier, crashed attempt at this checkpoint: only
+    // this rank ever writes this name.
+    if (::unlink(req.path.c_str()) != 0 && errno != ENOENT) {
+      FinishPart(part, ErrnoToStatus(errno, absl::StrCat("remove stale ", req.path)));
+      return;
+    }
+    req.layout = &file.layout;
+    for (size_t i : file.items) {
+      req.remote.push_back(tensors.remote[i]);
+      req.lengths.push_back(tensors.items[i].memory().length());
+    }
+    req.checksum_block_bytes = options_.checksum_block_bytes;
+    req.source = part->session->memory();
+    req.cancelled = &part->cancelled;
+    req.limiter = &limiter_;
+    req.on_progress = [&](const ShardWriteProgress& progress) {
+      Notifications notify;
+      {
+        std::lock_guard lock(mu_);
+        part->progress.set_bytes_staged(before.bytes_staged + progress.bytes_staged);
+        part->progress.set_bytes_written(before.bytes_written + progress.bytes_written);
+        PublishLocked(*part, /*force=*/false, &notify);
+      }
+      Notify(notify);
+    };
+    if (f + 1 == files.size()) req.on_staged = mark_staged;
+    auto result = writer.Write(req);
+    if (!result.ok()) {
+      FinishPart(part, result.status());
+      return;
+    }
+    before.bytes_staged += result->file_size;
+    before.bytes_written += result->file_size;
+    tensor_bytes_written_ += file.tensor_bytes;
+    part->results.push_back(*std::move(result));
+  }
+  FinishPart(part, absl::OkStatus());
 }
 
 void SaveCoordinator::FinishPart(const std::shared_ptr<Part>& part,
@@ -194,7 +240,7 @@ void SaveCoordinator::FinishPart(const std::shared_ptr<Part>& part,
     part->done = true;
     if (cp->final_phase == v1::PHASE_UNSPECIFIED) {
       if (status.ok()) {
-        commit_now = ++cp->durable_parts == cp->world_size;
+        commit_now = ++cp->durable_parts == cp->local_ranks;
       } else {
         LogWarning("save ", part->id, " of ", Key(cp->job, cp->name),
                    " rank ", part->progress.rank(), ": ", status.ToString());
@@ -209,97 +255,163 @@ void SaveCoordinator::FinishPart(const std::shared_ptr<Part>& part,
     MaybeRetireLocked(cp);
   }
   Notify(notify);
-  if (commit_now) CommitCheckpoint(cp);
+  if (commit_now) FinishNode(cp);
 }
 
-void SaveCoordinator::CommitCheckpoint(const std::shared_ptr<Checkpoint>& cp) {
-  v1::Manifest manifest;
-  manifest.set_format_version(1);
-  manifest.set_job(cp->job);
-  manifest.set_checkpoint(cp->name);
-  manifest.set_node_id(options_.node_id);
-  manifest.set_world_size(cp->world_size);
-  manifest.set_checksum_block_bytes(options_.checksum_block_bytes);
-  manifest.set_created_unix_micros(NowMicros());
-  // Parts are no longer touched by workers: all of them are durable.
+void SaveCoordinator::FinishNode(const std::shared_ptr<Checkpoint>& cp) {
+  v1::Manifest header;
+  header.set_format_version(1);
+  header.set_job(cp->job);
+  header.set_checkpoint(cp->name);
+  header.set_node_id(options_.node_id);
+  header.set_nodes(options_.nodes);
+  header.set_world_size(cp->world_size);
+  header.set_checksum_block_bytes(options_.checksum_block_bytes);
+  header.set_created_unix_micros(NowMicros());
+  // Every local part is durable, so no worker touches them any more.
+  std::vector<WrittenPart> parts;
   for (const auto& [rank, part] : cp->parts) {
-    const uint32_t file_index = manifest.files_size();
-    v1::DataFile* file = manifest.add_files();
-    file->set_name(part->file_name);
-    file->set_size(part->result.file_size);
-    file->set_data_start(part->tensors->file.data_start);
-    file->set_rank(rank);
-    for (size_t i = 0; i < part->tensors->items.size(); ++i) {
-      const v1::TensorItem& item = part->tensors->items[i];
-      v1::StoredTensor* t = manifest.add_tensors();
-      t->set_fqn(item.fqn());
-      t->set_dtype(item.dtype());
-      *t->mutable_global_shape() = item.global_shape();
-      *t->mutable_offsets() = item.offsets();
-      *t->mutable_local_shape() = item.local_shape();
-      t->set_file_index(file_index);
-      t->set_file_offset(part->tensors->file.data_start + part->tensors->file.data_offsets[i]);
-      t->set_length(part->tensors->lengths[i]);
-      for (uint64_t h : part->result.block_xxh3[i]) t->add_block_xxh3(h);
-      t->add_replica_ranks(rank);
-    }
-    for (const v1::ByteItem& item : part->byte_items) {
-      v1::StoredBytes* b = manifest.add_byte_items();
-      b->set_fqn(item.fqn());
-      b->set_data(item.data());
-      b->set_xxh3(XXH3_64bits(item.data().data(), item.data().size()));
-      b->set_rank(rank);
-    }
+    parts.push_back({rank, part->tensors.get(), &part->results, &part->byte_items});
   }
-  absl::Status status = store_->WriteNodeManifest(manifest);
-  Notifications notify;
-  auto set_phase = [&](v1::Phase phase) {
-    std::lock_guard lock(mu_);
-    if (cp->final_phase != v1::PHASE_UNSPECIFIED) return false;
-    const int64_t now = NowMicros();
-    for (auto& [rank, part] : cp->parts) {
-      part->progress.set_phase(phase);
-      if (phase == v1::PHASE_DURABLE) part->progress.set_durable_unix_micros(now);
-      if (phase == v1::PHASE_COMMITTED) {
-        part->progress.set_committed_unix_micros(now);
+  absl::Status status;
+  auto manifest = BuildNodeManifest(header, parts);
+  if (!manifest.ok()) {
+    status = manifest.status();
+  } else {
+    status = store_->WriteNodeManifest(*manifest);
+  }
+  if (!status.ok()) {
+    Notifications notify;
+    {
+      std::lock_guard lock(mu_);
+      if (cp->final_phase == v1::PHASE_UNSPECIFIED) {
+        EndCheckpointLocked(*cp, v1::PHASE_FAILED,
+                            absl::StrCat("node manifest: ", status.message()), &notify);
       }
-      PublishLocked(*part, /*force=*/true, &notify);
+      MaybeRetireLocked(cp);
     }
-    return true;
-  };
-  if (status.ok() && set_phase(v1::PHASE_DURABLE)) {
     Notify(notify);
-    notify.clear();
-    v1::CommitRecord record;
-    record.set_format_version(1);
-    record.add_node_manifests(CheckpointStore::NodeManifestName(options_.node_id));
-    *record.mutable_index() = manifest;
-    record.mutable_index()->set_node_id(0);
-    record.set_committed_unix_micros(NowMicros());
-    status = store_->WriteCommit(record);
-    if (status.ok()) {
-      // COMMIT is durable: the checkpoint is committed even if LATEST
-      // cannot move; loading it by name works, so only log that.
-      absl::Status latest = store_->UpdateLatest(cp->job, cp->name);
-      if (!latest.ok()) {
-        LogError("checkpoint ", Key(cp->job, cp->name),
-                 " committed but LATEST not updated: ", latest.ToString());
-      }
-      set_phase(v1::PHASE_COMMITTED);
-      LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
-    }
+    return;
   }
+  SetPhase(*cp, v1::PHASE_DURABLE);
   {
     std::lock_guard lock(mu_);
-    if (!status.ok() && cp->final_phase == v1::PHASE_UNSPECIFIED) {
+    cp->durable_at = std::chrono::steady_clock::now();
+  }
+  TryCommit(cp);
+}
+
+void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
+  auto committed = commit_.TryCommit(cp->job, cp->name, options_.nodes);
+  Notifications notify;
+  {
+    std::lock_guard lock(mu_);
+    if (cp->final_phase != v1::PHASE_UNSPECIFIED) return;
+    const auto waited = std::chrono::steady_clock::now() - cp->durable_at;
+    if (committed.ok() && *committed) {
+      cp->awaiting_nodes = false;
+    } else if (!committed.ok()) {
       EndCheckpointLocked(*cp, v1::PHASE_FAILED,
-                          absl::StrCat("commit: ", status.message()), &notify);
-    } else if (cp->final_phase == v1::PHASE_UNSPECIFIED) {
-      cp->final_phase = v1::PHASE_COMMITTED;
+                          absl::StrCat("commit: ", committed.status().message()),
+                          &notify);
+    } else if (waited >= std::chrono::milliseconds(options_.commit_timeout_ms)) {
+      auto present = store_->ListNodeManifests(cp->job, cp->name);
+      EndCheckpointLocked(
+          *cp, v1::PHASE_FAILED,
+          absl::StrCat("not every node finished within ", options_.commit_timeout_ms,
+                       " ms; node manifests present: [",
+                       present.ok() ? absl::StrJoin(*present, ",") : "?", "] of ",
+                       options_.nodes),
+          &notify);
+    } else {
+      if (!cp->awaiting_nodes) {
+        cp->awaiting_nodes = true;
+        watcher_wake_.notify_all();
+      }
+      return;
     }
-    MaybeRetireLocked(cp);
+    if (cp->final_phase != v1::PHASE_UNSPECIFIED) {
+      MaybeRetireLocked(cp);
+    }
   }
   Notify(notify);
+  if (committed.ok() && *committed) {
+    SetPhase(*cp, v1::PHASE_COMMITTED);
+    std::lock_guard lock(mu_);
+    cp->final_phase = v1::PHASE_COMMITTED;
+    MaybeRetireLocked(cp);
+    LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
+  }
+}
+
+void SaveCoordinator::SetPhase(Checkpoint& cp, v1::Phase phase) {
+  Notifications notify;
+  {
+    std::lock_guard lock(mu_);
+    if (cp.final_phase != v1::PHASE_UNSPECIFIED) return;
+    const int64_t now = NowMicros();
+    for (auto& [rank, part] : cp.parts) {
+      part->progress.set_phase(phase);
+      if (phase == v1::PHASE_DURABLE) part->progress.set_durable_unix_micros(now);
+      if (phase == v1::PHASE_COMMITTED) part->progress.set_committed_unix_micros(now);
+      PublishLocked(*part, /*force=*/true, &notify);
+    }
+  }
+  Notify(notify);
+}
+
+// Other nodes finish in their own time; retry the commit of every
+// checkpoint this node has made durable until it commits or times out.
+void SaveCoordinator::WatchCommits() {
+  constexpr auto kPollInterval = std::chrono::milliseconds(50);
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    std::vector<std::shared_ptr<Checkpoint>> awaiting;
+    for (const auto& [key, cp] : checkpoints_) {
+      if (cp->awaiting_nodes && cp->final_phase == v1::PHASE_UNSPECIFIED) {
+        awaiting.push_back(cp);
+      }
+    }
+    if (awaiting.empty()) {
+      watcher_wake_.wait(lock);
+      continue;
+    }
+    lock.unlock();
+    for (const auto& cp : awaiting) TryCommit(cp);
+    lock.lock();
+    watcher_wake_.wait_for(lock, kPollInterval);
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> SaveCoordinator::CollectGarbage(
+    absl::string_view job) {
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, store_->List(job));
+  std::map<std::string, int64_t> newest;  // job -> newest commit time
+  for (const auto& info : all) {
+    if (info.committed()) {
+      int64_t& t = newest[info.job()];
+      t = std::max(t, info.committed_unix_micros());
+    }
+  }
+  std::vector<std::string> removed;
+  for (const auto& info : all) {
+    auto it = newest.find(info.job());
+    if (info.committed() || it == newest.end()) continue;
+    const std::string key = Key(info.job(), info.checkpoint());
+    const std::string dir = store_->CheckpointDir(info.job(), info.checkpoint());
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) continue;
+    const int64_t modified = int64_t{st.st_mtim.tv_sec} * 1'000'000 + st.st_mtim.tv_nsec / 1000;
+    if (modified >= it->second) continue;  // may still be in progress elsewhere
+    std::lock_guard lock(mu_);
+    if (checkpoints_.contains(key) || store_->IsCommitted(info.job(), info.checkpoint())) {
+      continue;
+    }
+    RETURN_IF_ERROR(RemoveTree(dir));
+    LogInfo("gc: removed uncommitted ", key);
+    removed.push_back(key);
+  }
+  return removed;
 }
 
 void SaveCoordinator::EndCheckpointLocked(Checkpoint& cp, v1::Phase phase,
@@ -325,16 +437,19 @@ void SaveCoordinator::MaybeRetireLocked(const std::shared_ptr<Checkpoint>& cp) {
   auto it = checkpoints_.find(Key(cp->job, cp->name));
   if (it == checkpoints_.end() || it->second != cp) return;
   checkpoints_.erase(it);
+  std::vector<std::string> files;
   for (auto& [rank, part] : cp->parts) {
+    for (const PlannedFile& f : part->tensors->plan.files) files.push_back(f.name);
     part->tensors.reset();
     part->byte_items.clear();
+    part->results.clear();
   }
   if (cp->final_phase == v1::PHASE_COMMITTED) return;
-  // Remove the uncommitted directory while holding mu_, so that a new save
-  // of the same name cannot prepare it concurrently.
-  const std::string dir = store_->CheckpointDir(cp->job, cp->name);
-  if (!store_->IsCommitted(cp->job, cp->name)) {
-    absl::Status status = RemoveTree(dir);
+  // Remove this node's files while holding mu_, so that a new save of the
+  // same name cannot prepare them concurrently. Other nodes clean up theirs.
+  if (cp->prepared.load()) {
+    absl::Status status =
+        store_->RemoveNodePart(cp->job, cp->name, options_.node_id, files);
     if (!status.ok()) LogWarning("cleanup: ", status.ToString());
   }
 }

@@ -47,15 +47,16 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
     const Session& session,
     const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
     uint32_t max_items) {
+  if (!session.opened()) {
+    return absl::FailedPreconditionError("call OpenSession first");
+  }
   if (static_cast<uint64_t>(tensors.size()) > max_items) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "request has ", tensors.size(), " tensor items; the limit is ", max_items));
   }
   auto layout = std::make_shared<TensorLayout>();
   layout->items.reserve(tensors.size());
-  layout->entries.reserve(tensors.size());
   layout->remote.reserve(tensors.size());
-  layout->lengths.reserve(tensors.size());
   absl::flat_hash_set<absl::string_view> seen;
   seen.reserve(tensors.size());
   for (const v1::TensorItem& item : tensors) {
@@ -68,19 +69,11 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
     if (!remote.ok()) {
       return Annotate(remote.status(), absl::StrCat("item ", item.fqn()));
     }
-    SafetensorsEntry entry;
-    entry.fqn = item.fqn();
-    entry.dtype = item.dtype();
-    entry.local_shape.assign(item.local_shape().begin(), item.local_shape().end());
-    entry.offsets.assign(item.offsets().begin(), item.offsets().end());
-    entry.length = item.memory().length();
-    layout->entries.push_back(std::move(entry));
     layout->items.push_back(item);
     layout->remote.push_back(*remote);
-    layout->lengths.push_back(item.memory().length());
-    layout->tensor_bytes += item.memory().length();
   }
-  ASSIGN_OR_RETURN(layout->file, BuildSafetensorsLayout(layout->entries));
+  ASSIGN_OR_RETURN(layout->plan, PlanRank(session.rank(), session.world_size(),
+                                          layout->items));
   return std::shared_ptr<const TensorLayout>(std::move(layout));
 }
 
@@ -95,10 +88,10 @@ absl::Status ValidateByteItems(
           absl::StrCat("duplicate byte item fqn ", item.fqn()));
     }
   }
-  for (const SafetensorsEntry& entry : layout.entries) {
-    if (seen.contains(entry.fqn)) {
+  for (const v1::TensorItem& item : layout.items) {
+    if (seen.contains(item.fqn())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "fqn ", entry.fqn, " names both a tensor and a byte item"));
+          "fqn ", item.fqn(), " names both a tensor and a byte item"));
     }
   }
   return absl::OkStatus();

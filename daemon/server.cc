@@ -36,6 +36,10 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.io_workers == 0 || o.queue_depth == 0) {
     return absl::InvalidArgumentError("--io_workers and --queue_depth must be > 0");
   }
+  if (o.nodes == 0 || o.node_id >= o.nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--node_id ", o.node_id, " is not inside --nodes ", o.nodes));
+  }
   if (o.checksum_block_bytes == 0) {
     return absl::InvalidArgumentError("--checksum_block_bytes must be > 0");
   }

@@ -115,8 +115,8 @@ grpc::ServerUnaryReactor* CkptdService::OpenSession(
     v1::OpenSessionResponse* response) {
   auto session = c_.sessions->Find(request->session_token());
   if (!session.ok()) return Finish(context, session.status());
-  absl::Status status = (*session)->Open(request->rank(), request->world_size(),
-                                         request->job());
+  absl::Status status =
+      (*session)->Open(*request, c_.options->node_id, c_.options->nodes);
   if (status.ok()) {
     response->set_session_id((*session)->id());
     response->set_daemon_pid(static_cast<uint32_t>(::getpid()));
@@ -227,7 +227,20 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_sessions(c_.sessions->size());
   for (auto& p : c_.saves->InFlight()) *response->add_saves() = std::move(p);
   response->set_now_unix_micros(absl::ToUnixMicros(absl::Now()));
+  response->set_node_id(c_.options->node_id);
+  response->set_nodes(c_.options->nodes);
+  response->set_tensor_bytes_written(c_.saves->tensor_bytes_written());
   return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CkptdService::CollectGarbage(
+    grpc::CallbackServerContext* context, const v1::CollectGarbageRequest* request,
+    v1::CollectGarbageResponse* response) {
+  auto removed = c_.saves->CollectGarbage(request->job());
+  if (removed.ok()) {
+    for (const std::string& r : *removed) response->add_removed(r);
+  }
+  return Finish(context, removed.status());
 }
 
 }  // namespace ckpt

@@ -66,6 +66,10 @@ class CkptdService final : public v1::Ckptd::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::DaemonStatusRequest* request,
       v1::DaemonStatusResponse* response) override;
+  grpc::ServerUnaryReactor* CollectGarbage(
+      grpc::CallbackServerContext* context,
+      const v1::CollectGarbageRequest* request,
+      v1::CollectGarbageResponse* response) override;
 
  private:
   const Components c_;

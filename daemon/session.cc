@@ -44,12 +44,30 @@ Session::Session(uint64_t id, std::string token, pid_t pid, uid_t uid,
       pidfd_(std::move(pidfd)),
       memory_(pid, pidfd_.get()) {}
 
-absl::Status Session::Open(uint32_t rank, uint32_t world_size,
-                           std::string job) {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+absl::Status Session::Open(const v1::OpenSessionRequest& request,
+                           uint32_t node_id, uint32_t nodes) {
+  RETURN_IF_ERROR(ValidateStorageName(request.job(), "job"));
+  const uint32_t rank = request.rank(), world_size = request.world_size();
   if (world_size == 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " is not inside world size ", world_size));
+  }
+  if (request.node() != node_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session declares node ", request.node(), " but this daemon is node ",
+        node_id, " of ", nodes));
+  }
+  uint32_t local = request.local_world_size();
+  if (local == 0) {
+    if (nodes != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_world_size is required: this daemon is one of ", nodes, " nodes"));
+    }
+    local = world_size;
+  }
+  if (local > world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local world size ", local, " exceeds world size ", world_size));
   }
   std::lock_guard lock(open_mu_);
   if (opened_.load()) {
@@ -58,7 +76,8 @@ absl::Status Session::Open(uint32_t rank, uint32_t world_size,
   }
   rank_ = rank;
   world_size_ = world_size;
-  job_ = std::move(job);
+  local_world_size_ = local;
+  job_ = request.job();
   opened_ = true;
   return absl::OkStatus();
 }

@@ -47,11 +47,15 @@ class Session {
   pid_t pid() const { return pid_; }
   uid_t uid() const { return uid_; }
 
-  // Set once by OpenSession.
-  absl::Status Open(uint32_t rank, uint32_t world_size, std::string job);
+  // Set once by OpenSession. `node_id`/`nodes` are the daemon's: the
+  // request must name this node, and may leave local_world_size 0 only on a
+  // one-node daemon.
+  absl::Status Open(const v1::OpenSessionRequest& request, uint32_t node_id,
+                    uint32_t nodes);
   bool opened() const { return opened_.load(); }
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
+  uint32_t local_world_size() const { return local_world_size_; }
   const std::string& job() const { return job_; }
 
   // Registers host regions; returns their ids.
@@ -100,6 +104,7 @@ class Session {
   std::atomic<bool> closed_{false};
   uint32_t rank_ = 0;        // written once before opened_ is set
   uint32_t world_size_ = 0;
+  uint32_t local_world_size_ = 0;
   std::string job_;
   mutable std::mutex mu_;
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);

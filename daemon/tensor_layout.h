@@ -1,4 +1,5 @@
-// TensorLayout: one rank's validated tensor items, ready to save.
+// TensorLayout: one rank's validated tensor items and its node plan, ready
+// to save.
 //
 // Built once per DefineLayout (or per save that sends its items inline) and
 // shared, immutable, by every save that uses it, so a save call does no
@@ -9,17 +10,14 @@
 #include <vector>
 
 #include "ckpt/v1/control.pb.h"
-#include "daemon/safetensors_layout.h"
+#include "daemon/node_planner.h"
 
 namespace ckpt {
 
 struct TensorLayout {
-  std::vector<v1::TensorItem> items;      // validated, request order
-  std::vector<SafetensorsEntry> entries;  // one per item, file order
-  std::vector<uint64_t> remote;           // peer address per item
-  std::vector<uint64_t> lengths;          // bytes per item
-  uint64_t tensor_bytes = 0;
-  SafetensorsLayout file;                 // header and offsets of the file
+  std::vector<v1::TensorItem> items;  // validated, request order
+  std::vector<uint64_t> remote;       // peer address per item
+  RankPlan plan;                      // the files this rank writes
 };
 
 }  // namespace ckpt

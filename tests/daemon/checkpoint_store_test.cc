@@ -7,9 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "daemon/durable_file.h"
 #include "daemon/manifest_file.h"
 #include "support/temp_dir.h"
@@ -23,10 +27,40 @@ namespace fs = std::filesystem;
 // A store rooted in a subdirectory of a temp dir, so a name that escaped
 // the root would land in the (checked) temp dir rather than somewhere real.
 struct StoreFixture {
+  StoreFixture() { REQUIRE(fs::create_directory(root)); }
+
+  std::string CommitPath(absl::string_view job,
+                         absl::string_view checkpoint) const {
+    return absl::StrCat(store.CheckpointDir(job, checkpoint), "/",
+                        kCommitFileName);
+  }
+
+  // ReadCommit that must succeed.
+  v1::CommitRecord MustReadCommit(absl::string_view job,
+                                  absl::string_view checkpoint) const {
+    absl::StatusOr<v1::CommitRecord> record = store.ReadCommit(job, checkpoint);
+    INFO(record.status());
+    REQUIRE(record.ok());
+    return *std::move(record);
+  }
+
+  // How ReadCommit fails (kOk when it does not).
+  absl::StatusCode ReadCommitCode(absl::string_view job,
+                                  absl::string_view checkpoint) const {
+    return store.ReadCommit(job, checkpoint).status().code();
+  }
+
+  // List that must succeed.
+  std::vector<v1::CheckpointInfo> MustList(absl::string_view job) const {
+    absl::StatusOr<std::vector<v1::CheckpointInfo>> list = store.List(job);
+    INFO(list.status());
+    REQUIRE(list.ok());
+    return *std::move(list);
+  }
+
   TempDir tmp;
   std::string root = tmp.File("root");
   CheckpointStore store{root};
-  StoreFixture() { REQUIRE(fs::create_directory(root)); }
 };
 
 v1::Manifest MakeManifest(const std::string& job, const std::string& checkpoint,
@@ -75,9 +109,9 @@ v1::CommitRecord MakeCommit(const std::string& job,
 void Commit(const CheckpointStore& store, const v1::CommitRecord& record) {
   const std::string& job = record.index().job();
   const std::string& checkpoint = record.index().checkpoint();
-  REQUIRE(store.PrepareForSave(job, checkpoint).ok());
+  REQUIRE(store.PrepareForSave(job, checkpoint, 0).ok());
   REQUIRE(store.WriteCommit(record).ok());
-  REQUIRE(store.UpdateLatest(job, checkpoint).ok());
+  REQUIRE(store.UpdateLatest(job, checkpoint, record.committed_unix_micros()).ok());
 }
 
 void OverwriteFile(const std::string& path, const std::string& bytes) {
@@ -105,7 +139,7 @@ TEST_CASE(
   StoreFixture f;
   for (const char* job : {"../etc", "..", "a/b", "", "x y"}) {
     INFO("job: '" << job << "'");
-    CHECK(f.store.PrepareForSave(job, "step-1").code() ==
+    CHECK(f.store.PrepareForSave(job, "step-1", 0).code() ==
           absl::StatusCode::kInvalidArgument);
   }
   CHECK(fs::is_empty(f.root));
@@ -121,7 +155,7 @@ TEST_CASE(
   StoreFixture f;
   for (const char* checkpoint : {"latest", "../x", "..", "a/b", ""}) {
     INFO("checkpoint: '" << checkpoint << "'");
-    CHECK(f.store.PrepareForSave("job", checkpoint).code() ==
+    CHECK(f.store.PrepareForSave("job", checkpoint, 0).code() ==
           absl::StatusCode::kInvalidArgument);
   }
   CHECK_FALSE(fs::exists(f.store.CheckpointDir("job", "latest")));
@@ -130,7 +164,7 @@ TEST_CASE(
 TEST_CASE("PrepareForSave creates an empty checkpoint directory under its job",
           "[checkpoint_store]") {
   StoreFixture f;
-  REQUIRE(f.store.PrepareForSave("job-a", "step-100").ok());
+  REQUIRE(f.store.PrepareForSave("job-a", "step-100", 0).ok());
   const std::string dir = f.store.CheckpointDir("job-a", "step-100");
   CHECK(dir == f.root + "/job-a/step-100");
   CHECK(fs::is_directory(dir));
@@ -139,23 +173,83 @@ TEST_CASE("PrepareForSave creates an empty checkpoint directory under its job",
 }
 
 TEST_CASE(
-    "PrepareForSave removes an uncommitted leftover directory with "
-    "files in it",
+    "PrepareForSave removes only this node's stale manifest and keeps "
+    "what other nodes wrote",
     "[checkpoint_store]") {
   StoreFixture f;
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
   const std::string dir = f.store.CheckpointDir("job", "step-1");
-  REQUIRE(
-      f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {10})).ok());
-  OverwriteFile(dir + "/shard-00001-model-00001-of-00001.safetensors",
-                "partial data");
-  REQUIRE(fs::create_directory(dir + "/subdir"));
-  OverwriteFile(dir + "/subdir/file", "x");
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {10})).ok());
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 1, {10})).ok());
+  OverwriteFile(dir + "/shard-00002-model-00001-of-00001.safetensors", "node 1");
 
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
 
-  CHECK(fs::is_directory(dir));
-  CHECK(fs::is_empty(dir));
+  CHECK_FALSE(fs::exists(dir + "/node-0000.manifest"));
+  CHECK(fs::exists(dir + "/node-0001.manifest"));
+  CHECK(MustRead(dir + "/shard-00002-model-00001-of-00001.safetensors") == "node 1");
+}
+
+TEST_CASE("ListNodeManifests lists node ids and ignores temporaries",
+          "[checkpoint_store]") {
+  StoreFixture f;
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  const std::string dir = f.store.CheckpointDir("job", "step-1");
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 2, {1})).ok());
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {1})).ok());
+  OverwriteFile(dir + "/node-0001.manifest.tmp.77.ab.0", "torn");
+  OverwriteFile(dir + "/node-x.manifest", "junk");
+
+  auto ids = f.store.ListNodeManifests("job", "step-1");
+  REQUIRE(ids.ok());
+  CHECK(*ids == std::vector<uint32_t>{0, 2});
+  auto manifest = f.store.ReadNodeManifest("job", "step-1", 2);
+  REQUIRE(manifest.ok());
+  CHECK(manifest->node_id() == 2);
+}
+
+TEST_CASE(
+    "RemoveNodePart removes one node's files and manifest, and the "
+    "directory only once it is empty",
+    "[checkpoint_store]") {
+  StoreFixture f;
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  const std::string dir = f.store.CheckpointDir("job", "step-1");
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {1})).ok());
+  OverwriteFile(dir + "/mine.safetensors", "0");
+  OverwriteFile(dir + "/theirs.safetensors", "1");
+
+  REQUIRE(f.store.RemoveNodePart("job", "step-1", 0, {"mine.safetensors"}).ok());
+  CHECK_FALSE(fs::exists(dir + "/mine.safetensors"));
+  CHECK_FALSE(fs::exists(dir + "/node-0000.manifest"));
+  CHECK(fs::exists(dir + "/theirs.safetensors"));
+
+  REQUIRE(f.store.RemoveNodePart("job", "step-1", 1, {"theirs.safetensors"}).ok());
+  CHECK_FALSE(fs::exists(dir));
+}
+
+TEST_CASE("RemoveNodePart refuses to touch a committed checkpoint",
+          "[checkpoint_store]") {
+  StoreFixture f;
+  Commit(f.store, MakeCommit("job", "step-1", {1}));
+  const std::string dir = f.store.CheckpointDir("job", "step-1");
+  OverwriteFile(dir + "/data.safetensors", "x");
+  CHECK(f.store.RemoveNodePart("job", "step-1", 0, {"data.safetensors"}).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(fs::exists(dir + "/data.safetensors"));
+}
+
+TEST_CASE("UpdateLatest never moves LATEST back to an older commit",
+          "[checkpoint_store]") {
+  StoreFixture f;
+  Commit(f.store, MakeCommit("job", "step-2", {1}, /*committed_micros=*/2000));
+  const v1::CommitRecord older = MakeCommit("job", "step-1", {1}, 1000);
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  REQUIRE(f.store.WriteCommit(older).ok());
+  REQUIRE(f.store.UpdateLatest("job", "step-1", 1000).ok());
+  auto latest = f.store.ResolveLatest("job");
+  REQUIRE(latest.ok());
+  CHECK(*latest == "step-2");
 }
 
 TEST_CASE("PrepareForSave refuses a committed checkpoint and leaves it intact",
@@ -166,19 +260,17 @@ TEST_CASE("PrepareForSave refuses a committed checkpoint and leaves it intact",
   const std::string dir = f.store.CheckpointDir("job", "step-1");
   OverwriteFile(dir + "/shard-0.safetensors", "data");
 
-  CHECK(f.store.PrepareForSave("job", "step-1").code() ==
+  CHECK(f.store.PrepareForSave("job", "step-1", 0).code() ==
         absl::StatusCode::kAlreadyExists);
 
   CHECK(MustRead(dir + "/shard-0.safetensors") == "data");
-  absl::StatusOr<v1::CommitRecord> read = f.store.ReadCommit("job", "step-1");
-  REQUIRE(read.ok());
-  CHECK(SameMessage(*read, record));
+  CHECK(SameMessage(f.MustReadCommit("job", "step-1"), record));
 }
 
 TEST_CASE("WriteNodeManifest writes a framed manifest named after the node",
           "[checkpoint_store]") {
   StoreFixture f;
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
   const v1::Manifest manifest = MakeManifest("job", "step-1", 3, {10, 20});
   REQUIRE(f.store.WriteNodeManifest(manifest).ok());
 
@@ -191,8 +283,7 @@ TEST_CASE("WriteNodeManifest writes a framed manifest named after the node",
   CHECK(SameMessage(parsed, manifest));
   // A node manifest alone does not commit the checkpoint.
   CHECK_FALSE(f.store.IsCommitted("job", "step-1"));
-  CHECK(f.store.ReadCommit("job", "step-1").status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(f.ReadCommitCode("job", "step-1") == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE(
@@ -201,20 +292,15 @@ TEST_CASE(
     "[checkpoint_store]") {
   StoreFixture f;
   const v1::CommitRecord record = MakeCommit("job", "step-1", {1000, 2000});
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
   REQUIRE(f.store.WriteNodeManifest(record.index()).ok());
   REQUIRE(f.store.WriteCommit(record).ok());
   CHECK(f.store.IsCommitted("job", "step-1"));
-  REQUIRE(f.store.UpdateLatest("job", "step-1").ok());
+  REQUIRE(f.store.UpdateLatest("job", "step-1", record.committed_unix_micros())
+              .ok());
 
-  absl::StatusOr<v1::CommitRecord> by_name =
-      f.store.ReadCommit("job", "step-1");
-  REQUIRE(by_name.ok());
-  CHECK(SameMessage(*by_name, record));
-  absl::StatusOr<v1::CommitRecord> by_latest =
-      f.store.ReadCommit("job", "latest");
-  REQUIRE(by_latest.ok());
-  CHECK(SameMessage(*by_latest, record));
+  CHECK(SameMessage(f.MustReadCommit("job", "step-1"), record));
+  CHECK(SameMessage(f.MustReadCommit("job", "latest"), record));
   absl::StatusOr<std::string> latest = f.store.ResolveLatest("job");
   REQUIRE(latest.ok());
   CHECK(*latest == "step-1");
@@ -227,40 +313,35 @@ TEST_CASE("ReadCommit of 'latest' follows LATEST to the newest commit",
   const v1::CommitRecord second = MakeCommit("job", "step-2", {2});
   Commit(f.store, second);
 
-  absl::StatusOr<v1::CommitRecord> latest = f.store.ReadCommit("job", "latest");
-  REQUIRE(latest.ok());
-  CHECK(latest->index().checkpoint() == "step-2");
-  CHECK(SameMessage(*latest, second));
+  const v1::CommitRecord latest = f.MustReadCommit("job", "latest");
+  CHECK(latest.index().checkpoint() == "step-2");
+  CHECK(SameMessage(latest, second));
 }
 
 TEST_CASE("ReadCommit of an uncommitted directory is NotFound",
           "[checkpoint_store]") {
   StoreFixture f;
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
-  CHECK(f.store.ReadCommit("job", "step-1").status().code() ==
-        absl::StatusCode::kNotFound);
-  CHECK(f.store.ReadCommit("job", "missing").status().code() ==
-        absl::StatusCode::kNotFound);
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  CHECK(f.ReadCommitCode("job", "step-1") == absl::StatusCode::kNotFound);
+  CHECK(f.ReadCommitCode("job", "missing") == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("ReadCommit of 'latest' for a job without a commit is NotFound",
           "[checkpoint_store]") {
   StoreFixture f;
-  REQUIRE(f.store.PrepareForSave("job", "step-1").ok());
-  CHECK(f.store.ReadCommit("job", "latest").status().code() ==
-        absl::StatusCode::kNotFound);
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  CHECK(f.ReadCommitCode("job", "latest") == absl::StatusCode::kNotFound);
   CHECK(f.store.ResolveLatest("job").status().code() ==
         absl::StatusCode::kNotFound);
-  CHECK(f.store.ReadCommit("nojob", "latest").status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(f.ReadCommitCode("nojob", "latest") == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("ReadCommit rejects names that would leave the root",
           "[checkpoint_store]") {
   StoreFixture f;
-  CHECK(f.store.ReadCommit("../x", "step-1").status().code() ==
+  CHECK(f.ReadCommitCode("../x", "step-1") ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(f.store.ReadCommit("job", "../../x").status().code() ==
+  CHECK(f.ReadCommitCode("job", "../../x") ==
         absl::StatusCode::kInvalidArgument);
 }
 
@@ -268,8 +349,7 @@ TEST_CASE("ReadCommit reports DataLoss for a COMMIT with any one byte flipped",
           "[checkpoint_store]") {
   StoreFixture f;
   Commit(f.store, MakeCommit("job", "step-1", {1000}));
-  const std::string path = absl::StrCat(f.store.CheckpointDir("job", "step-1"),
-                                        "/", kCommitFileName);
+  const std::string path = f.CommitPath("job", "step-1");
   const std::string good = MustRead(path);
   REQUIRE(good.size() > 24);
 
@@ -289,8 +369,7 @@ TEST_CASE("ReadCommit reports DataLoss for a truncated COMMIT",
           "[checkpoint_store]") {
   StoreFixture f;
   Commit(f.store, MakeCommit("job", "step-1", {1000}));
-  const std::string path = absl::StrCat(f.store.CheckpointDir("job", "step-1"),
-                                        "/", kCommitFileName);
+  const std::string path = f.CommitPath("job", "step-1");
   const std::string good = MustRead(path);
 
   for (size_t length = 0; length < good.size(); ++length) {
@@ -305,11 +384,9 @@ TEST_CASE("ReadCommit reports DataLoss for a COMMIT with bytes appended",
           "[checkpoint_store]") {
   StoreFixture f;
   Commit(f.store, MakeCommit("job", "step-1", {1000}));
-  const std::string path = absl::StrCat(f.store.CheckpointDir("job", "step-1"),
-                                        "/", kCommitFileName);
+  const std::string path = f.CommitPath("job", "step-1");
   OverwriteFile(path, MustRead(path) + "x");
-  CHECK(f.store.ReadCommit("job", "step-1").status().code() ==
-        absl::StatusCode::kDataLoss);
+  CHECK(f.ReadCommitCode("job", "step-1") == absl::StatusCode::kDataLoss);
 }
 
 TEST_CASE(
@@ -320,14 +397,12 @@ TEST_CASE(
   Commit(f.store, MakeCommit("job-b", "step-1", {100, 23}, 11));
   Commit(f.store, MakeCommit("job-a", "step-1", {1000, 2000, 3}, 22));
   Commit(f.store, MakeCommit("job-a", "step-2", {5}, 33));
-  REQUIRE(f.store.PrepareForSave("job-a", "step-3").ok());  // crashed save
+  REQUIRE(f.store.PrepareForSave("job-a", "step-3", 0).ok());  // crashed save
   // A stray file in the job directory is not a checkpoint.
   OverwriteFile(f.store.JobDir("job-a") + "/notes", "x");
 
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = f.store.List("");
-  REQUIRE(all.ok());
-  REQUIRE(all->size() == 4);
-  const auto& l = *all;
+  const std::vector<v1::CheckpointInfo> l = f.MustList("");
+  REQUIRE(l.size() == 4);
   CHECK((l[0].job() == "job-a" && l[0].checkpoint() == "step-1"));
   CHECK(l[0].committed());
   CHECK_FALSE(l[0].latest());
@@ -351,11 +426,9 @@ TEST_CASE(
   CHECK(l[3].latest());
   CHECK(l[3].total_bytes() == 123);
 
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> only_b =
-      f.store.List("job-b");
-  REQUIRE(only_b.ok());
-  REQUIRE(only_b->size() == 1);
-  CHECK((*only_b)[0].checkpoint() == "step-1");
+  const std::vector<v1::CheckpointInfo> only_b = f.MustList("job-b");
+  REQUIRE(only_b.size() == 1);
+  CHECK(only_b[0].checkpoint() == "step-1");
 }
 
 TEST_CASE(
@@ -364,17 +437,15 @@ TEST_CASE(
     "[checkpoint_store]") {
   StoreFixture f;
   Commit(f.store, MakeCommit("job", "step-1", {1000}));
-  const std::string path = absl::StrCat(f.store.CheckpointDir("job", "step-1"),
-                                        "/", kCommitFileName);
+  const std::string path = f.CommitPath("job", "step-1");
   std::string bad = MustRead(path);
   bad.back() = static_cast<char>(bad.back() ^ 0x80);
   OverwriteFile(path, bad);
 
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> list = f.store.List("job");
-  REQUIRE(list.ok());
-  REQUIRE(list->size() == 1);
-  CHECK_FALSE((*list)[0].committed());
-  CHECK_FALSE((*list)[0].latest());
+  const std::vector<v1::CheckpointInfo> list = f.MustList("job");
+  REQUIRE(list.size() == 1);
+  CHECK_FALSE(list[0].committed());
+  CHECK_FALSE(list[0].latest());
 }
 
 TEST_CASE(
@@ -382,9 +453,7 @@ TEST_CASE(
     "name an error",
     "[checkpoint_store]") {
   StoreFixture f;
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> list = f.store.List("nojob");
-  REQUIRE(list.ok());
-  CHECK(list->empty());
+  CHECK(f.MustList("nojob").empty());
   CHECK(f.store.List("../x").status().code() ==
         absl::StatusCode::kInvalidArgument);
 }

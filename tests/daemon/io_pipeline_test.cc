@@ -3,51 +3,32 @@
 #include "daemon/io_pipeline.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <catch2/catch.hpp>
-
-#include "support/skip.h"
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <deque>
-#include <filesystem>
 #include <map>
-#include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/unique_fd.h"
 #include "daemon/io_queue.h"
+#include "support/fault_injecting_queue.h"
+#include "support/skip.h"
+#include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
 
-// A fresh directory under /tmp (ext4 here, so O_DIRECT works), removed with
-// everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    char templ[] = "/tmp/ckpt_io_pipeline_XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path_ = templ;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string File(const char* name) const { return path_ + "/" + name; }
+using ::ckpt::testing::FaultInjectingQueue;
+using ::ckpt::testing::TempDir;
 
- private:
-  std::string path_;
-};
-
-UniqueFd OpenFile(const std::string& path, int extra_flags = 0) {
-  UniqueFd fd(
-      ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | extra_flags, 0600));
+UniqueFd OpenFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   REQUIRE(fd.valid());
   return fd;
 }
@@ -68,70 +49,6 @@ std::string Pattern(size_t size, uint32_t seed) {
   }
   return data;
 }
-
-// Wraps the pwrite queue and breaks it on purpose. Faults are public
-// fields set by the test before use; so are the observations.
-class FaultInjectingQueue final : public IoQueue {
- public:
-  explicit FaultInjectingQueue(uint32_t depth)
-      : inner_(CreatePwriteQueue(depth)) {}
-
-  // Faults.
-  bool halve = false;                      // cut transfers of > 1 byte to half
-  uint32_t max_transfer = UINT32_MAX;      // cut transfers to at most this
-  int eagain_left = 0;                     // the next N submissions get -EAGAIN
-  std::optional<uint64_t> eio_tag;         // this tag always gets -EIO
-  std::optional<uint64_t> zero_write_tag;  // writes of this tag return 0
-
-  // Observations.
-  uint32_t in_flight = 0;
-  uint32_t max_in_flight = 0;
-  uint32_t submissions = 0;
-
-  absl::string_view name() const override { return "fault-injecting"; }
-  uint32_t depth() const override { return inner_->depth(); }
-
-  absl::Status Submit(absl::Span<const IoRequest> requests) override {
-    if (in_flight + requests.size() > depth()) {
-      return absl::FailedPreconditionError("submitted beyond depth");
-    }
-    for (const IoRequest& r : requests) {
-      ++submissions;
-      if (eagain_left > 0) {
-        --eagain_left;
-        injected_.push_back({r.tag, -EAGAIN});
-      } else if (eio_tag == r.tag) {
-        injected_.push_back({r.tag, -EIO});
-      } else if (zero_write_tag == r.tag && r.kind == IoRequest::Kind::kWrite) {
-        injected_.push_back({r.tag, 0});
-      } else {
-        IoRequest cut = r;
-        if (halve && cut.length > 1) cut.length /= 2;
-        cut.length = std::min(cut.length, max_transfer);
-        if (absl::Status s = inner_->Submit({&cut, 1}); !s.ok()) return s;
-      }
-    }
-    in_flight += static_cast<uint32_t>(requests.size());
-    max_in_flight = std::max(max_in_flight, in_flight);
-    return absl::OkStatus();
-  }
-
-  absl::Status Reap(uint32_t min_completions,
-                    std::vector<IoCompletion>* out) override {
-    const size_t before = out->size();
-    out->insert(out->end(), injected_.begin(), injected_.end());
-    injected_.clear();
-    const auto got = static_cast<uint32_t>(out->size() - before);
-    absl::Status s =
-        inner_->Reap(min_completions > got ? min_completions - got : 0, out);
-    in_flight -= static_cast<uint32_t>(out->size() - before);
-    return s;
-  }
-
- private:
-  std::unique_ptr<IoQueue> inner_;
-  std::deque<IoCompletion> injected_;
-};
 
 // An IoRequest in one line; the designated-initializer form takes six.
 IoRequest MakeRequest(IoRequest::Kind kind, int fd, char* buffer,
@@ -160,21 +77,6 @@ std::map<uint64_t, IoPipeline::Finished> RunAll(
   return by_tag;
 }
 
-// One write request per piece of `data`, laid out back to back.
-std::vector<IoRequest> SplitWrites(int fd, std::string& data,
-                                   const std::vector<uint32_t>& sizes) {
-  std::vector<IoRequest> requests;
-  uint64_t offset = 0;
-  for (uint32_t size : sizes) {
-    requests.push_back(MakeRequest(IoRequest::Kind::kWrite, fd,
-                                   data.data() + offset, size, offset,
-                                   requests.size()));
-    offset += size;
-  }
-  REQUIRE(offset == data.size());
-  return requests;
-}
-
 const std::vector<uint32_t> kOddSizes = {1,     4095, 4097, (1 << 20) + 3,
                                          12345, 65536};
 uint32_t Total(const std::vector<uint32_t>& sizes) {
@@ -183,60 +85,84 @@ uint32_t Total(const std::vector<uint32_t>& sizes) {
   return total;
 }
 
+// A file in a fresh temp dir and a pipeline over a fault-injecting queue of
+// `depth`. Tests set the queue's faults, then write with Writes/WriteAll.
+struct PipelineOnFile {
+  explicit PipelineOnFile(uint32_t depth) : queue(depth), pipeline(&queue) {}
+
+  // Fills `data` with a pattern of the sizes' total and returns one write
+  // request per size, laid out back to back from offset 0, tagged 0, 1, ...
+  std::vector<IoRequest> Writes(const std::vector<uint32_t>& sizes,
+                                uint32_t seed) {
+    data = Pattern(Total(sizes), seed);
+    std::vector<IoRequest> requests;
+    uint64_t offset = 0;
+    for (uint32_t size : sizes) {
+      requests.push_back(MakeRequest(IoRequest::Kind::kWrite, fd.get(),
+                                     data.data() + offset, size, offset,
+                                     requests.size()));
+      offset += size;
+    }
+    REQUIRE(offset == data.size());
+    return requests;
+  }
+
+  // Runs Writes(sizes, seed) to completion; returns them by tag.
+  std::map<uint64_t, IoPipeline::Finished> WriteAll(
+      const std::vector<uint32_t>& sizes, uint32_t seed) {
+    return RunAll(pipeline, Writes(sizes, seed));
+  }
+
+  std::string OnDisk() const { return ReadWholeFile(fd.get()); }
+
+  TempDir dir;
+  const UniqueFd fd = OpenFile(dir.File("file"));
+  FaultInjectingQueue queue;
+  IoPipeline pipeline;
+  std::string data;  // what Writes() writes
+};
+
 TEST_CASE("Pipeline writes a file bit-exact when transfers are cut short",
           "[io_pipeline]") {
   const bool halve = GENERATE(true, false);
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("out"));
-  FaultInjectingQueue queue(4);
+  PipelineOnFile io(4);
   if (halve) {
-    queue.halve = true;
+    io.queue.halve = true;
   } else {
-    queue.max_transfer = 4096;
+    io.queue.max_transfer = 4096;
   }
-  IoPipeline pipeline(&queue);
-  std::string data = Pattern(Total(kOddSizes), 1);
 
-  auto finished = RunAll(pipeline, SplitWrites(fd.get(), data, kOddSizes));
+  auto finished = io.WriteAll(kOddSizes, 1);
 
   REQUIRE(finished.size() == kOddSizes.size());
   for (const auto& [tag, f] : finished) {
     CHECK(f.status.ok());
     CHECK(f.bytes == kOddSizes[tag]);
   }
-  CHECK(queue.submissions > kOddSizes.size());  // short writes were requeued
-  CHECK(ReadWholeFile(fd.get()) == data);
+  CHECK(io.queue.submissions > kOddSizes.size());  // short writes were requeued
+  CHECK(io.OnDisk() == io.data);
 }
 
 TEST_CASE("Pipeline requeues transfers that return EAGAIN until they succeed",
           "[io_pipeline]") {
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("out"));
-  FaultInjectingQueue queue(2);
-  queue.eagain_left = 5;
-  IoPipeline pipeline(&queue);
+  PipelineOnFile io(2);
+  io.queue.eagain_left = 5;
   const std::vector<uint32_t> sizes = {4096, 8192, 100};
-  std::string data = Pattern(Total(sizes), 2);
 
-  auto finished = RunAll(pipeline, SplitWrites(fd.get(), data, sizes));
+  auto finished = io.WriteAll(sizes, 2);
 
   for (const auto& [tag, f] : finished) CHECK(f.status.ok());
-  CHECK(queue.submissions == sizes.size() + 5);
-  CHECK(ReadWholeFile(fd.get()) == data);
+  CHECK(io.queue.submissions == sizes.size() + 5);
+  CHECK(io.OnDisk() == io.data);
 }
 
 TEST_CASE("Pipeline reports EIO for one transfer and still finishes the others",
           "[io_pipeline]") {
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("out"));
-  FaultInjectingQueue queue(4);
-  queue.eio_tag = 2;
-  queue.max_transfer = 1000;  // the others need several rounds
-  IoPipeline pipeline(&queue);
-  const std::vector<uint32_t> sizes = {5000, 5000, 5000, 5000};
-  std::string data = Pattern(Total(sizes), 3);
+  PipelineOnFile io(4);
+  io.queue.eio_tag = 2;
+  io.queue.max_transfer = 1000;  // the others need several rounds
 
-  auto finished = RunAll(pipeline, SplitWrites(fd.get(), data, sizes));
+  auto finished = io.WriteAll({5000, 5000, 5000, 5000}, 3);
 
   REQUIRE(finished.size() == 4);
   const absl::Status& failed = finished[2].status;
@@ -245,24 +171,19 @@ TEST_CASE("Pipeline reports EIO for one transfer and still finishes the others",
              Catch::Contains("write 5000 bytes at offset 10000") &&
                  Catch::Contains(std::strerror(EIO)));
   CHECK(finished[2].bytes == 0);
-  const std::string on_disk = ReadWholeFile(fd.get());
+  const std::string on_disk = io.OnDisk();
   for (uint64_t tag : {0, 1, 3}) {
     CHECK(finished[tag].status.ok());
     CHECK(finished[tag].bytes == 5000);
-    CHECK(on_disk.substr(tag * 5000, 5000) == data.substr(tag * 5000, 5000));
+    CHECK(on_disk.substr(tag * 5000, 5000) == io.data.substr(tag * 5000, 5000));
   }
 }
 
 TEST_CASE("Pipeline fails a write that makes no progress", "[io_pipeline]") {
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("out"));
-  FaultInjectingQueue queue(2);
-  queue.zero_write_tag = 1;
-  IoPipeline pipeline(&queue);
-  const std::vector<uint32_t> sizes = {4096, 4096};
-  std::string data = Pattern(Total(sizes), 4);
+  PipelineOnFile io(2);
+  io.queue.zero_write_tag = 1;
 
-  auto finished = RunAll(pipeline, SplitWrites(fd.get(), data, sizes));
+  auto finished = io.WriteAll({4096, 4096}, 4);
 
   CHECK(finished[0].status.ok());
   CHECK_FALSE(finished[1].status.ok());
@@ -273,20 +194,18 @@ TEST_CASE("Pipeline fails a write that makes no progress", "[io_pipeline]") {
 
 TEST_CASE("Pipeline finishes a read at end of file with the bytes read so far",
           "[io_pipeline]") {
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("in"));
+  PipelineOnFile io(2);
   const std::string data = Pattern(10000, 5);
-  REQUIRE(::pwrite(fd.get(), data.data(), data.size(), 0) == 10000);
-  FaultInjectingQueue queue(2);
-  queue.max_transfer = 4096;  // 4096 + 4096 + 1808, then 0 at end of file
-  IoPipeline pipeline(&queue);
+  REQUIRE(::pwrite(io.fd.get(), data.data(), data.size(), 0) == 10000);
+  io.queue.max_transfer = 4096;  // 4096 + 4096 + 1808, then 0 at end of file
   std::string whole(16384, '\0');
   std::string beyond(100, '\0');
 
   const auto kRead = IoRequest::Kind::kRead;
-  auto finished = RunAll(
-      pipeline, {MakeRequest(kRead, fd.get(), whole.data(), 16384, 0, 7),
-                 MakeRequest(kRead, fd.get(), beyond.data(), 100, 20000, 8)});
+  auto finished =
+      RunAll(io.pipeline,
+             {MakeRequest(kRead, io.fd.get(), whole.data(), 16384, 0, 7),
+              MakeRequest(kRead, io.fd.get(), beyond.data(), 100, 20000, 8)});
 
   CHECK(finished[7].status.ok());
   CHECK(finished[7].bytes == 10000);
@@ -297,29 +216,25 @@ TEST_CASE("Pipeline finishes a read at end of file with the bytes read so far",
 
 TEST_CASE("Pipeline holds back transfers beyond the queue depth",
           "[io_pipeline]") {
-  TempDir dir;
-  UniqueFd fd = OpenFile(dir.File("out"));
-  FaultInjectingQueue queue(2);
-  queue.max_transfer = 1024;
-  IoPipeline pipeline(&queue);
-  const std::vector<uint32_t> sizes(10, 4096);
-  std::string data = Pattern(Total(sizes), 6);
-  const std::vector<IoRequest> requests = SplitWrites(fd.get(), data, sizes);
+  PipelineOnFile io(2);
+  io.queue.max_transfer = 1024;
+  const std::vector<IoRequest> requests =
+      io.Writes(std::vector<uint32_t>(10, 4096), 6);
 
-  for (const IoRequest& r : requests) REQUIRE(pipeline.Start(r).ok());
-  CHECK(queue.in_flight == 2);
-  CHECK(pipeline.unfinished() == 10);
+  for (const IoRequest& r : requests) REQUIRE(io.pipeline.Start(r).ok());
+  CHECK(io.queue.in_flight == 2);
+  CHECK(io.pipeline.unfinished() == 10);
   size_t finished = 0;
-  while (pipeline.unfinished() > 0) {
+  while (io.pipeline.unfinished() > 0) {
     std::vector<IoPipeline::Finished> done;
-    REQUIRE(pipeline.WaitSome(&done).ok());
+    REQUIRE(io.pipeline.WaitSome(&done).ok());
     for (const auto& f : done) CHECK(f.status.ok());
     finished += done.size();
   }
 
   CHECK(finished == 10);
-  CHECK(queue.max_in_flight == 2);
-  CHECK(ReadWholeFile(fd.get()) == data);
+  CHECK(io.queue.max_in_flight == 2);
+  CHECK(io.OnDisk() == io.data);
 }
 
 TEST_CASE("Pipeline rejects a tag that is already in use", "[io_pipeline]") {

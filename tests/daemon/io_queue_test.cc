@@ -3,44 +3,37 @@
 #include "daemon/io_queue.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-
-#include "support/skip.h"
 #include <cerrno>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "support/skip.h"
+#include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
 
-// A file under a fresh /tmp directory holding "hello", removed at the end.
+using ::ckpt::testing::TempDir;
+
+// A file holding "hello" in a fresh temp dir, removed at the end.
 class TempFile {
  public:
   TempFile() {
-    char templ[] = "/tmp/ckpt_io_queue_XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    dir_ = templ;
-    fd_.reset(
-        ::open((dir_ + "/f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     REQUIRE(fd_.valid());
     REQUIRE(::pwrite(fd_.get(), "hello", 5, 0) == 5);
-  }
-  ~TempFile() {
-    fd_.reset();
-    std::filesystem::remove_all(dir_);
   }
   int fd() const { return fd_.get(); }
 
  private:
-  std::string dir_;
-  UniqueFd fd_;
+  TempDir dir_;
+  // Declared after dir_, so it is closed before dir_ is removed.
+  UniqueFd fd_{
+      ::open(dir_.File("f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
 };
 
 // Submits `requests` and waits for all of their completions.

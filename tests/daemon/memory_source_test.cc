@@ -45,6 +45,16 @@ std::vector<Cut> ManyCuts(uint64_t total) {
   return cuts;
 }
 
+// One span per cut, at the cut's offset in both `remote` and `local`.
+std::vector<CopySpan> SpansAtCuts(const std::vector<Cut>& cuts,
+                                  const char* remote, char* local) {
+  std::vector<CopySpan> spans;
+  for (const Cut& c : cuts) {
+    spans.push_back({Addr(remote + c.offset), local + c.offset, c.length});
+  }
+  return spans;
+}
+
 // An address that is certainly unmapped: a page mapped, then unmapped.
 uint64_t UnmappedAddress() {
   const long page = ::sysconf(_SC_PAGESIZE);
@@ -63,11 +73,8 @@ TEST_CASE(
   const std::vector<Cut> cuts = ManyCuts(remote.size());
   REQUIRE(cuts.size() > 2 * 1024 + 1);  // at least three batches
   std::string local(remote.size(), '\0');
-  std::vector<CopySpan> spans;
-  for (const Cut& c : cuts) {
-    spans.push_back(
-        {Addr(remote.data() + c.offset), local.data() + c.offset, c.length});
-  }
+  const std::vector<CopySpan> spans =
+      SpansAtCuts(cuts, remote.data(), local.data());
 
   HostProcessMemory memory(::getpid());
   REQUIRE(memory.Read(spans).ok());
@@ -82,11 +89,8 @@ TEST_CASE(
   std::string remote(local.size(), '\0');
   const std::vector<Cut> cuts = ManyCuts(local.size());
   REQUIRE(cuts.size() > 2 * 1024 + 1);
-  std::vector<CopySpan> spans;
-  for (const Cut& c : cuts) {
-    spans.push_back({Addr(remote.data() + c.offset),
-                     const_cast<char*>(local.data()) + c.offset, c.length});
-  }
+  const std::vector<CopySpan> spans =
+      SpansAtCuts(cuts, remote.data(), const_cast<char*>(local.data()));
 
   HostProcessMemory memory(::getpid());
   REQUIRE(memory.Write(spans).ok());

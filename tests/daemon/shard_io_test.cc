@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
-
-#include "support/skip.h"
 #include <cerrno>
 #include <cstdint>
 #include <fstream>
@@ -32,6 +30,7 @@
 #include "daemon/shard_reader.h"
 #include "daemon/shard_writer.h"
 #include "daemon/staging_pool.h"
+#include "support/skip.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -265,10 +264,9 @@ class ShardFixture {
     return req;
   }
 
-  // Reads every entry whole into zeroed buffers (returned in `out`).
-  absl::StatusOr<uint64_t> ReadAll(IoQueue* queue,
-                                   const ShardWriteResult& written,
-                                   std::vector<std::string>* out) {
+  // A read of every entry whole, each into its own zeroed buffer in `out`.
+  ShardReadRequest ReadAllRequest(const ShardWriteResult& written,
+                                  std::vector<std::string>* out) {
     out->clear();
     for (const auto& e : entries_) out->emplace_back(e.length, '\0');
     std::vector<ItemRead> items;
@@ -276,8 +274,15 @@ class ShardFixture {
       items.push_back(
           Range(i, written, 0, entries_[i].length, (*out)[i].data()));
     }
+    return ReadRequest(std::move(items));
+  }
+
+  // Reads every entry whole into zeroed buffers (returned in `out`).
+  absl::StatusOr<uint64_t> ReadAll(IoQueue* queue,
+                                   const ShardWriteResult& written,
+                                   std::vector<std::string>* out) {
     ShardReader reader(pool(), queue);
-    return reader.Read(ReadRequest(std::move(items)));
+    return reader.Read(ReadAllRequest(written, out));
   }
 
  private:
@@ -319,6 +324,13 @@ void CheckReadAllMatchesSources(ShardFixture& f, IoQueue* queue,
     INFO("entry " << f.entries()[i].fqn);
     CHECK(got[i] == f.source(i));
   }
+  CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
+// What a failed or cancelled write must leave: no file (not even a partial
+// one) and every staging buffer back in the pool.
+void CheckLeftNoFile(ShardFixture& f) {
+  CHECK_FALSE(FileExists(f.path()));
   CHECK(f.pool()->free_bytes() == kPoolBytes);
 }
 
@@ -500,8 +512,7 @@ TEST_CASE(
 
   ShardWriter writer(f.pool(), queue.get());
   CHECK(writer.Write(req).status().code() == absl::StatusCode::kCancelled);
-  CHECK_FALSE(FileExists(f.path()));
-  CHECK(f.pool()->free_bytes() == kPoolBytes);
+  CheckLeftNoFile(f);
 }
 
 TEST_CASE(
@@ -520,8 +531,7 @@ TEST_CASE(
 
   ShardWriter writer(f.pool(), queue.get());
   CHECK(writer.Write(req).status().code() == absl::StatusCode::kCancelled);
-  CHECK_FALSE(FileExists(f.path()));
-  CHECK(f.pool()->free_bytes() == kPoolBytes);
+  CheckLeftNoFile(f);
 }
 
 TEST_CASE("ShardWriter returns a failing source's error and leaves no file",
@@ -541,8 +551,7 @@ TEST_CASE("ShardWriter returns a failing source's error and leaves no file",
   CHECK_THAT(std::string(status.message()),
              Catch::Contains("injected source failure"));
   CHECK(source.reads == fail_on);  // nothing staged after the failure
-  CHECK_FALSE(FileExists(f.path()));
-  CHECK(f.pool()->free_bytes() == kPoolBytes);
+  CheckLeftNoFile(f);
 }
 
 TEST_CASE("ShardWriter returns a failing write's error and leaves no file",
@@ -558,8 +567,7 @@ TEST_CASE("ShardWriter returns a failing write's error and leaves no file",
   CHECK(status.code() == absl::StatusCode::kInternal);
   CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
   CHECK(queue.submitted >= fail_nth);
-  CHECK_FALSE(FileExists(f.path()));
-  CHECK(f.pool()->free_bytes() == kPoolBytes);
+  CheckLeftNoFile(f);
 }
 
 TEST_CASE("ShardReader returns a failing read's error naming the file",
@@ -584,13 +592,7 @@ TEST_CASE("ShardReader returns a failing destination's error", "[shard_io]") {
   const ShardWriteResult written = f.WriteOrFail(queue.get());
   FailingSource destination(0, 3);
   std::vector<std::string> got;
-  for (const auto& e : f.entries()) got.emplace_back(e.length, '\0');
-  std::vector<ItemRead> items;
-  for (size_t i = 0; i < f.entries().size(); ++i) {
-    items.push_back(
-        f.Range(i, written, 0, f.entries()[i].length, got[i].data()));
-  }
-  ShardReadRequest req = f.ReadRequest(std::move(items));
+  ShardReadRequest req = f.ReadAllRequest(written, &got);
   req.destination = &destination;
 
   ShardReader reader(f.pool(), queue.get());
