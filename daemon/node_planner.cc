@@ -42,12 +42,18 @@ std::vector<size_t> AssignOwners(absl::Span<const uint32_t> set,
                                  const std::vector<size_t>& order) {
   const size_t m = set.size();
   const size_t rotation = SetHash(set) % m;
-  // Min-heap of (bytes assigned, position in the rotated set).
+  // Min-heap of (bytes assigned, position in the rotated set). All loads
+  // start at zero and ties go to the lower position, so only the first
+  // min(chunks, m) positions can ever be chosen: the heap needs no more,
+  // which keeps a set of every rank in a 32k-rank job cheap.
   using Load = std::pair<uint64_t, size_t>;
-  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> loads;
-  for (size_t p = 0; p < m; ++p) loads.push({0, p});
+  std::vector<Load> initial;
+  initial.reserve(std::min(m, order.size()));
+  for (size_t p = 0; p < std::min(m, order.size()); ++p) initial.push_back({0, p});
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> loads(
+      std::greater<Load>(), std::move(initial));
   std::vector<size_t> owner(order.size());
-  for (size_t k = 0; k < order.size(); ++k) {
+  for (size_t k = 0; k < order.size() && !loads.empty(); ++k) {
     auto [bytes, position] = loads.top();
     loads.pop();
     owner[k] = (position + rotation) % m;
@@ -70,7 +76,7 @@ absl::StatusOr<std::vector<uint32_t>> CanonicalReplicaSet(
     const v1::TensorItem& item, uint32_t rank, uint32_t world_size) {
   if (item.replica_ranks().empty()) return std::vector<uint32_t>{rank};
   std::vector<uint32_t> set(item.replica_ranks().begin(), item.replica_ranks().end());
-  std::sort(set.begin(), set.end());
+  if (!std::is_sorted(set.begin(), set.end())) std::sort(set.begin(), set.end());
   auto error = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(
         "item ", item.fqn(), ": replica set [", absl::StrJoin(item.replica_ranks(), ","),
@@ -91,10 +97,24 @@ absl::StatusOr<std::vector<uint32_t>> CanonicalReplicaSet(
 absl::StatusOr<RankPlan> PlanRank(uint32_t rank, uint32_t world_size,
                                   absl::Span<const v1::TensorItem> items) {
   std::map<std::vector<uint32_t>, std::vector<size_t>> by_set;
+  // Consecutive items usually declare the same set (a whole shard group, or
+  // every rank): canonicalize each distinct declaration once, so planning
+  // stays linear in the chunk count rather than chunks x set size.
+  const google::protobuf::RepeatedField<uint32_t>* last_declared = nullptr;
+  std::vector<size_t>* last_members = nullptr;
   for (size_t i = 0; i < items.size(); ++i) {
+    const auto& declared = items[i].replica_ranks();
+    if (last_declared != nullptr && !declared.empty() &&
+        declared.size() == last_declared->size() &&
+        std::equal(declared.begin(), declared.end(), last_declared->begin())) {
+      last_members->push_back(i);
+      continue;
+    }
     ASSIGN_OR_RETURN(std::vector<uint32_t> set,
                      CanonicalReplicaSet(items[i], rank, world_size));
-    by_set[std::move(set)].push_back(i);
+    last_members = &by_set[std::move(set)];
+    last_members->push_back(i);
+    last_declared = &declared;
   }
   RankPlan plan;
   for (auto& [set, members] : by_set) {

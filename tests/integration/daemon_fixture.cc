@@ -35,13 +35,14 @@ bool DaemonAnswers(const std::string& socket) {
 
 }  // namespace
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags)
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags,
+                             std::string shared_root)
     : flags_(std::move(extra_flags)) {
   char tmpl[] = "/tmp/ckptd-test-XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
   dir_ = tmpl;
   socket_ = dir_ + "/ckptd.sock";
-  root_ = dir_ + "/root";
+  root_ = shared_root.empty() ? dir_ + "/root" : shared_root;
   Start();
 }
 
@@ -99,12 +100,12 @@ void DaemonProcess::Restart() {
   Start();
 }
 
-ProcessResult RunProcess(const std::vector<std::string>& args) {
+BackgroundProcess::BackgroundProcess(const std::vector<std::string>& args) {
   int fds[2];
   REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
+  pid_ = fork();
+  REQUIRE(pid_ >= 0);
+  if (pid_ == 0) {
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
@@ -114,15 +115,53 @@ ProcessResult RunProcess(const std::vector<std::string>& args) {
     _exit(127);
   }
   close(fds[1]);
+  out_ = fds[0];
+}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (pid_ > 0) Wait();
+}
+
+ProcessResult BackgroundProcess::Wait() {
   ProcessResult result;
   char buf[4096];
   ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) result.out.append(buf, n);
-  close(fds[0]);
+  while ((n = read(out_, buf, sizeof(buf))) > 0) result.out.append(buf, n);
+  close(out_);
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+ProcessResult RunProcess(const std::vector<std::string>& args) {
+  return BackgroundProcess(args).Wait();
+}
+
+Cluster::Cluster(uint32_t nodes, std::vector<std::string> extra_flags) {
+  char tmpl[] = "/tmp/ckptd-cluster-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  dir_ = tmpl;
+  root_ = dir_ + "/root";
+  for (uint32_t i = 0; i < nodes; ++i) {
+    std::vector<std::string> flags = extra_flags;
+    flags.insert(flags.end(), {"--node_id", std::to_string(i), "--nodes",
+                               std::to_string(nodes)});
+    daemons_.push_back(std::make_unique<DaemonProcess>(flags, root_));
+    // Expose the daemon's sockets under the cluster's naming scheme.
+    for (const std::string suffix : {"", ".session"}) {
+      const std::string target = daemons_.back()->socket() + suffix;
+      const std::string link = dir_ + "/node" + std::to_string(i) + ".sock" + suffix;
+      REQUIRE(symlink(target.c_str(), link.c_str()) == 0);
+    }
+  }
+}
+
+Cluster::~Cluster() {
+  daemons_.clear();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
 }
 
 std::string JsonField(const std::string& out, const std::string& key) {

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,10 @@ namespace ckpt::testing {
 class DaemonProcess {
  public:
   // Starts ckptd with `extra_flags` and waits until it answers DaemonStatus.
-  explicit DaemonProcess(std::vector<std::string> extra_flags = {});
+  // With `shared_root` set, the storage root is that directory (several
+  // daemons, one per node, share it) and is not removed here.
+  explicit DaemonProcess(std::vector<std::string> extra_flags = {},
+                         std::string shared_root = "");
   ~DaemonProcess();  // SIGTERM, wait, remove the directory
 
   const std::string& socket() const { return socket_; }
@@ -40,8 +44,35 @@ struct ProcessResult {
   std::string out;  // stdout and stderr together
 };
 
+// A process running in the background with its output captured.
+class BackgroundProcess {
+ public:
+  explicit BackgroundProcess(const std::vector<std::string>& argv);
+  ~BackgroundProcess();  // waits if Wait was not called
+  ProcessResult Wait();
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+};
+
 // Runs `argv` to completion, capturing its output.
 ProcessResult RunProcess(const std::vector<std::string>& argv);
+
+// N daemons, nodes 0..N-1 of one job, sharing one storage root; sockets are
+// <dir>/node<i>.sock, so ckpt-loadgen reaches them as <dir>/node{node}.sock.
+class Cluster {
+ public:
+  Cluster(uint32_t nodes, std::vector<std::string> extra_flags = {});
+  ~Cluster();
+  DaemonProcess& node(uint32_t i) { return *daemons_[i]; }
+  const std::string& root() const { return root_; }
+  std::string socket_template() const { return dir_ + "/node{node}.sock"; }
+
+ private:
+  std::string dir_, root_;
+  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
+};
 
 // The value of "key" in the last line of `out` if it is a flat JSON object
 // (numbers, true/false, strings), as text; "" if absent.

@@ -1,0 +1,134 @@
+// Several ckptd daemons on one machine, each a node of one job, sharing one
+// storage root: replica dedupe without communication, the commit through
+// storage, and a node dying mid-save.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "integration/daemon_fixture.h"
+
+namespace ckpt::testing {
+namespace {
+
+double Field(const std::string& out, const std::string& key) {
+  double v = 0;
+  REQUIRE(absl::SimpleAtod(JsonField(out, key), &v));
+  return v;
+}
+
+struct Scenario {
+  const char* name;
+  uint32_t nodes, ranks_per_node, replicas;
+  const char* layout;
+  uint64_t bytes_per_rank;
+};
+
+ProcessResult Loadgen(const Cluster& cluster, const std::string& job,
+                      const Scenario& s, std::vector<std::string> extra) {
+  std::vector<std::string> args = {
+      LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", job,
+      "--nodes", std::to_string(s.nodes), "--ranks-per-node",
+      std::to_string(s.ranks_per_node), "--replicas", std::to_string(s.replicas),
+      "--layout", s.layout, "--tensors", "24", "--bytes-per-rank",
+      std::to_string(s.bytes_per_rank)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return RunProcess(args);
+}
+
+}  // namespace
+
+TEST_CASE("every unique chunk is written exactly once and restores bit-exact "
+          "in HSDP, DDP and FSDP jobs over several nodes",
+          "[integration][multi-node]") {
+  const Scenario scenario = GENERATE(
+      Scenario{"HSDP 2 replicas x 8-way sharding over 4 nodes", 4, 4, 2, "llama-8b",
+               2 << 20},
+      Scenario{"pure DDP, every tensor on every rank", 4, 2, 8, "uniform", 1 << 20},
+      Scenario{"pure FSDP, no replicas", 4, 2, 1, "uniform", 1 << 20});
+  INFO(scenario.name);
+  Cluster cluster(scenario.nodes);
+  const ProcessResult run = Loadgen(cluster, "job", scenario, {"--saves", "2", "--restore"});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(JsonField(run.out, "verified") == "true");
+  // Every layout includes a scalar that every rank holds: stored once too.
+  CHECK(Field(run.out, "bytes_written") == Field(run.out, "unique_bytes"));
+  CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/COMMIT"));
+  for (uint32_t n = 0; n < scenario.nodes; ++n) {
+    CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/node-000" +
+                                  std::to_string(n) + ".manifest"));
+  }
+}
+
+TEST_CASE("no node writes more than 1.10x its ideal share of a Llama-style "
+          "HSDP checkpoint",
+          "[integration][multi-node]") {
+  const Scenario scenario = GENERATE(
+      Scenario{"Llama-3-8B layout, 291 tensors", 4, 4, 2, "llama-8b", 2 << 20},
+      Scenario{"Llama-3-70B layout, 723 tensors", 4, 4, 2, "llama-70b", 4 << 20});
+  INFO(scenario.name);
+  Cluster cluster(scenario.nodes);
+  const ProcessResult run = Loadgen(cluster, "llama", scenario, {});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(Field(run.out, "bytes_written") == Field(run.out, "unique_bytes"));
+  CHECK(Field(run.out, "max_node_share_over_ideal") <= 1.10);
+}
+
+TEST_CASE("a node killed mid-save leaves the checkpoint uncommitted and the "
+          "previous one intact; gc removes the leftover once a newer one commits",
+          "[integration][multi-node][crash]") {
+  // Node 3 writes slowly, so it is mid-save when it is killed; the others
+  // give up waiting for it after two seconds.
+  Cluster cluster(4, {"--commit_timeout_ms", "2000", "--write_rate_limit",
+                      std::to_string(8 << 20)});
+  const Scenario s{"HSDP", 4, 2, 2, "uniform", 4 << 20};
+  const ProcessResult first = Loadgen(cluster, "job", s, {});
+  INFO(first.out);
+  REQUIRE(first.exit_code == 0);
+
+  std::vector<std::string> args = {
+      LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job",
+      "--nodes", "4", "--ranks-per-node", "2", "--replicas", "2", "--tensors", "24",
+      "--bytes-per-rank", std::to_string(16 << 20), "--first-step", "2"};
+  BackgroundProcess second(args);
+  const std::string dir2 = cluster.root() + "/job/step-00000002";
+  bool writing = false;
+  for (int i = 0; i < 500 && !writing; ++i) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir2, ec)) {
+      writing = writing || absl::StartsWith(e.path().filename().string(), "shard-");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(writing);
+  cluster.node(3).Kill();
+  const ProcessResult failed = second.Wait();
+  INFO(failed.out);
+  CHECK(failed.exit_code != 0);
+  CHECK_FALSE(std::filesystem::exists(dir2 + "/COMMIT"));
+  CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000001/COMMIT"));
+
+  cluster.node(3).Restart();
+  const ProcessResult restore =
+      Loadgen(cluster, "job", s, {"--saves", "0", "--first-step", "2", "--restore"});
+  INFO(restore.out);
+  CHECK(restore.exit_code == 0);
+  CHECK(JsonField(restore.out, "verified") == "true");
+
+  const ProcessResult third = Loadgen(cluster, "job", s, {"--first-step", "3"});
+  REQUIRE(third.exit_code == 0);
+  const ProcessResult gc =
+      RunProcess({CKPTCTL_BINARY, "--socket", cluster.node(0).socket(), "gc", "job"});
+  INFO(gc.out);
+  CHECK(gc.exit_code == 0);
+  CHECK(absl::StrContains(gc.out, "removed job/step-00000002"));
+  CHECK_FALSE(std::filesystem::exists(dir2));
+  CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000001/COMMIT"));
+  CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000003/COMMIT"));
+}
+
+}  // namespace ckpt::testing
