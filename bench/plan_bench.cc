@@ -4,10 +4,11 @@
 //                   [--shard-degree 64] [--layout llama-70b] [--dir DIR]
 //
 // For each node count: builds the chunks node 0's ranks hold in an HSDP job
-// (shard degree F, replicate degree = world / F, 70B-style layout, plus the
-// scalar every rank holds), times NodePlanner over them (what a daemon does
-// when its ranks define their layouts), and reports the node manifest and
-// merged index sizes. With --dir it also times what a committing node does
+// (shard degree F, replicate degree = world / F, a 70B-style layout at full
+// size, plus the scalar every rank holds), times NodePlanner over them (what
+// a daemon does when its ranks define their layouts), and reports node 0's
+// manifest size and an estimate of the merged index (every node's chunks and
+// files, plus the job's distinct replica sets once). With --dir it also times what a committing node does
 // on the file system: list a directory of `nodes` manifests and open and
 // read each one. Prints one JSON object per node count.
 #include <fcntl.h>
@@ -17,12 +18,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/layout.h"
+#include "ckpt/v1/manifest.pb.h"
+#include "daemon/chunk_digest.h"
 #include "daemon/node_planner.h"
 
 namespace {
@@ -48,6 +52,70 @@ std::vector<ckpt::v1::TensorItem> Items(const std::vector<ckpt::bench::Chunk>& c
     items.push_back(std::move(item));
   }
   return items;
+}
+
+struct ManifestSize {
+  uint64_t node_manifest = 0;  // node 0's, replica sets included
+  uint64_t chunks_and_files = 0;  // of it, without the replica sets
+};
+
+// The serialized size of node 0's manifest: its stored chunks (with one
+// checksum per MiB, as the daemon writes them), its files and the replica
+// sets its ranks are in (each once, as BuildNodeManifest dedupes them).
+ManifestSize NodeManifestBytes(const std::vector<std::vector<ckpt::v1::TensorItem>>& ranks,
+                               const std::vector<ckpt::RankPlan>& plans) {
+  ckpt::v1::Manifest m;
+  std::set<std::vector<uint32_t>> seen;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    for (const ckpt::PlannedFile& file : plans[r].files) {
+      ckpt::v1::DataFile* f = m.add_files();
+      f->set_name(file.name);
+      f->set_size(file.layout.file_size);
+      f->set_data_start(file.layout.data_start);
+      for (size_t i : file.items) {
+        const ckpt::v1::TensorItem& item = ranks[r][i];
+        ckpt::v1::StoredTensor* t = m.add_tensors();
+        t->set_fqn(item.fqn());
+        t->set_dtype(item.dtype());
+        *t->mutable_global_shape() = item.global_shape();
+        *t->mutable_offsets() = item.offsets();
+        *t->mutable_local_shape() = item.local_shape();
+        t->set_file_offset(file.layout.data_start);
+        t->set_length(item.memory().length());
+        const uint64_t blocks = std::max<uint64_t>(1, (item.memory().length() + (1 << 20) - 1) >> 20);
+        for (uint64_t b = 0; b < blocks; ++b) t->add_block_xxh3(b * 0x9e3779b97f4a7c15ull);
+      }
+    }
+  }
+  ManifestSize size;
+  size.chunks_and_files = m.ByteSizeLong();
+  for (const ckpt::RankPlan& plan : plans) {
+    for (const ckpt::ReplicaSetSummary& set : plan.sets) {
+      if (!seen.insert(set.ranks).second) continue;
+      ckpt::v1::ReplicaSet* out = m.add_replica_sets();
+      ckpt::EncodeReplicaRanks(set.ranks, out);
+      out->set_chunk_count(set.chunk_count);
+      out->set_chunk_list_xxh3(set.chunk_list_xxh3);
+    }
+  }
+  size.node_manifest = m.ByteSizeLong();
+  return size;
+}
+
+// Bytes the job's distinct replica sets take in the merged index: F shard
+// groups of R ranks and the set of every rank.
+uint64_t ReplicaSetBytes(uint32_t world, uint32_t shards) {
+  ckpt::v1::Manifest m;
+  std::vector<uint32_t> ranks;
+  for (uint32_t s = 0; s < shards; ++s) {
+    ranks.clear();
+    for (uint32_t r = s; r < world; r += shards) ranks.push_back(r);
+    ckpt::EncodeReplicaRanks(ranks, m.add_replica_sets());
+  }
+  ranks.clear();
+  for (uint32_t r = 0; r < world; ++r) ranks.push_back(r);
+  ckpt::EncodeReplicaRanks(ranks, m.add_replica_sets());
+  return m.ByteSizeLong();
 }
 
 // Lists `dir` and reads every file in it, as TryCommit does with the node
@@ -116,8 +184,10 @@ int main(int argc, char** argv) {
     }
     size_t chunks = 0, files = 0, foreign = 0;
     double best_ms = 1e30;
+    std::vector<ckpt::RankPlan> plans;
     for (int rep = 0; rep < 5; ++rep) {
       chunks = files = foreign = 0;
+      plans.clear();
       const auto t0 = std::chrono::steady_clock::now();
       for (uint32_t r = 0; r < ranks_per_node; ++r) {
         auto plan = ckpt::PlanRank(r, spec.world, ranks[r]);
@@ -128,9 +198,14 @@ int main(int argc, char** argv) {
         chunks += ranks[r].size();
         files += plan->files.size();
         foreign += plan->foreign.size();
+        plans.push_back(*std::move(plan));
       }
       best_ms = std::min(best_ms, Ms(std::chrono::steady_clock::now() - t0));
     }
+    const ManifestSize manifest = NodeManifestBytes(ranks, plans);
+    // Every node stores about as much as node 0; replica sets appear once.
+    const uint64_t index_bytes =
+        manifest.chunks_and_files * nodes + ReplicaSetBytes(spec.world, spec.world / spec.replicas);
     double list_ms = -1;
     if (!dir.empty()) {
       // `nodes` manifest-sized files, as a committing node finds them.
@@ -150,9 +225,12 @@ int main(int argc, char** argv) {
         "{\"nodes\": %u, \"ranks_per_node\": %u, \"world\": %u, \"shard_degree\": "
         "%u, \"replicas\": %u, \"tensors\": %zu, \"chunks_per_node\": %zu, "
         "\"files_per_node\": %zu, \"foreign_chunks_per_node\": %zu, "
-        "\"plan_ms_per_node\": %.3f, \"list_and_read_manifests_ms\": %.3f}\n",
+        "\"plan_ms_per_node\": %.3f, \"node_manifest_bytes\": %llu, "
+        "\"index_bytes_estimate\": %llu, \"list_and_read_manifests_ms\": %.3f}\n",
         nodes, ranks_per_node, spec.world, shard_degree, spec.replicas,
-        tensors.size(), chunks, files, foreign, best_ms, list_ms);
+        tensors.size(), chunks, files, foreign, best_ms,
+        static_cast<unsigned long long>(manifest.node_manifest),
+        static_cast<unsigned long long>(index_bytes), list_ms);
   }
   return 0;
 }

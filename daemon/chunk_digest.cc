@@ -52,4 +52,30 @@ std::string DescribeReplicaSet(absl::Span<const uint32_t> ranks) {
   return absl::StrCat("{", shown, "} (", ranks.size(), " ranks)");
 }
 
+void EncodeReplicaRanks(absl::Span<const uint32_t> ranks, v1::ReplicaSet* set) {
+  const uint32_t stride = ranks.size() >= 2 ? ranks[1] - ranks[0] : 1;
+  bool even = !ranks.empty() && stride > 0;
+  for (size_t i = 1; even && i < ranks.size(); ++i) {
+    even = ranks[i] - ranks[i - 1] == stride;
+  }
+  set->clear_ranks();
+  if (even) {
+    set->set_first(ranks[0]);
+    set->set_stride(stride);
+    set->set_count(static_cast<uint32_t>(ranks.size()));
+  } else {
+    set->set_first(0);
+    set->set_stride(0);
+    set->set_count(0);
+    set->mutable_ranks()->Add(ranks.begin(), ranks.end());
+  }
+}
+
+std::vector<uint32_t> DecodeReplicaRanks(const v1::ReplicaSet& set) {
+  if (set.count() == 0) return {set.ranks().begin(), set.ranks().end()};
+  std::vector<uint32_t> ranks(set.count());
+  for (uint32_t i = 0; i < set.count(); ++i) ranks[i] = set.first() + set.stride() * i;
+  return ranks;
+}
+
 }  // namespace ckpt

@@ -11,6 +11,8 @@
 // shape; the digest sorts by (fqn, offsets) first, so it does not depend on
 // the order the chunks come in.
 //
+// Also here: the compact encoding of a replica set's ranks in manifests.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "ckpt/v1/control.pb.h"
+#include "ckpt/v1/manifest.pb.h"
 
 namespace ckpt {
 
@@ -44,5 +47,10 @@ uint64_t ChunkListDigest(std::vector<ChunkIdentity> chunks);
 
 // "{0,8,16} (3 ranks)", shortened past a few ranks, for error messages.
 std::string DescribeReplicaSet(absl::Span<const uint32_t> ranks);
+
+// Writes sorted `ranks` into `set` compactly (first/stride/count when they
+// step evenly, else listed), and reads them back.
+void EncodeReplicaRanks(absl::Span<const uint32_t> ranks, v1::ReplicaSet* set);
+std::vector<uint32_t> DecodeReplicaRanks(const v1::ReplicaSet& set);
 
 }  // namespace ckpt

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/chunk_digest.h"
 
 namespace ckpt {
 namespace {
@@ -15,15 +16,6 @@ namespace {
 std::string ChunkName(absl::string_view fqn,
                       const google::protobuf::RepeatedField<uint64_t>& offsets) {
   return absl::StrCat(fqn, "@[", absl::StrJoin(offsets, ","), "]");
-}
-
-template <typename A, typename B>
-bool SameBox(const A& a, const B& b) {
-  return a.dtype() == b.dtype() &&
-         std::equal(a.global_shape().begin(), a.global_shape().end(),
-                    b.global_shape().begin(), b.global_shape().end()) &&
-         std::equal(a.local_shape().begin(), a.local_shape().end(),
-                    b.local_shape().begin(), b.local_shape().end());
 }
 
 }  // namespace
@@ -46,9 +38,9 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
   index.set_nodes(first.nodes());
   index.set_checksum_block_bytes(first.checksum_block_bytes());
   int64_t newest = 0;
-  // file name -> index into index.files; chunk -> stored tensor
-  std::map<std::string, uint32_t> files;
-  std::map<std::string, const v1::StoredTensor*> stored;
+  std::set<std::string> file_names, chunks;
+  std::map<std::vector<uint32_t>, uint32_t> set_index;  // ranks -> index
+  std::map<uint32_t, uint32_t> set_reported_by;         // index -> node
   for (size_t n = 0; n < manifests.size(); ++n) {
     const v1::Manifest& m = manifests[n];
     if (m.node_id() != n || m.job() != first.job() ||
@@ -62,41 +54,70 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
     }
     record.add_node_manifests(CheckpointStore::NodeManifestName(m.node_id()));
     newest = std::max(newest, m.created_unix_micros());
+    // Replica sets: every node that reports one must report the same chunks.
+    std::vector<uint32_t> remap(m.replica_sets_size());
+    for (int i = 0; i < m.replica_sets_size(); ++i) {
+      const v1::ReplicaSet& set = m.replica_sets(i);
+      std::vector<uint32_t> ranks = DecodeReplicaRanks(set);
+      auto [it, inserted] = set_index.emplace(ranks, index.replica_sets_size());
+      remap[i] = it->second;
+      if (inserted) {
+        *index.add_replica_sets() = set;
+        set_reported_by[it->second] = m.node_id();
+      } else if (index.replica_sets(it->second).chunk_count() != set.chunk_count() ||
+                 index.replica_sets(it->second).chunk_list_xxh3() !=
+                     set.chunk_list_xxh3()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "replicas disagree: nodes ", set_reported_by[it->second], " and ",
+            m.node_id(), " hold different chunks with replica set ",
+            DescribeReplicaSet(ranks), " (",
+            index.replica_sets(it->second).chunk_count(), " vs ", set.chunk_count(),
+            " chunks)"));
+      }
+    }
     const uint32_t file_base = index.files_size();
     for (const v1::DataFile& f : m.files()) {
-      if (!files.emplace(f.name(), index.files_size()).second) {
+      if (!file_names.insert(f.name()).second) {
         return absl::FailedPreconditionError(
             absl::StrCat("data file ", f.name(), " is written by two nodes"));
       }
-      *index.add_files() = f;
+      if (f.replica_set() >= remap.size()) {
+        return absl::DataLossError(absl::StrCat(
+            "node manifest ", m.node_id(), ": file ", f.name(),
+            " names replica set ", f.replica_set(), " which it does not list"));
+      }
+      v1::DataFile* out = index.add_files();
+      *out = f;
+      out->set_replica_set(remap[f.replica_set()]);
     }
     for (const v1::StoredTensor& t : m.tensors()) {
+      if (!chunks.insert(ChunkName(t.fqn(), t.offsets())).second) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "chunk ", ChunkName(t.fqn(), t.offsets()), " is stored twice"));
+      }
       v1::StoredTensor* out = index.add_tensors();
       *out = t;
       out->set_file_index(file_base + t.file_index());
     }
     for (const v1::StoredBytes& b : m.byte_items()) *index.add_byte_items() = b;
   }
+  // What was stored for each replica set must be exactly what its members
+  // hold: same count, same digest. A chunk no owner stored (or stored
+  // differently) changes both.
+  std::vector<std::vector<ChunkIdentity>> stored(index.replica_sets_size());
   for (const v1::StoredTensor& t : index.tensors()) {
-    if (!stored.emplace(ChunkName(t.fqn(), t.offsets()), &t).second) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "chunk ", ChunkName(t.fqn(), t.offsets()), " is stored twice"));
-    }
+    stored[index.files(t.file_index()).replica_set()].push_back(IdentityOf(t));
   }
-  // Every chunk a node holds but did not write must be stored, identically,
-  // in the file its owner was planned to write.
-  for (const v1::Manifest& m : manifests) {
-    for (const v1::ChunkRef& ref : m.references()) {
-      const std::string name = ChunkName(ref.fqn(), ref.offsets());
-      auto it = stored.find(name);
-      if (it == stored.end() || !SameBox(*it->second, ref) ||
-          index.files(it->second->file_index()).name() != ref.file()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "replicas disagree: node ", m.node_id(), " holds chunk ", name,
-            " which rank ", ref.owner_rank(), " was to write to ", ref.file(),
-            it == stored.end() ? ", but no node stored it"
-                               : ", but it was stored differently"));
-      }
+  for (int i = 0; i < index.replica_sets_size(); ++i) {
+    const v1::ReplicaSet& set = index.replica_sets(i);
+    const uint64_t count = stored[i].size();
+    if (count != set.chunk_count() ||
+        ChunkListDigest(std::move(stored[i])) != set.chunk_list_xxh3()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "replicas disagree: the chunks stored for replica set ",
+          DescribeReplicaSet(DecodeReplicaRanks(set)),
+          " (", count, ") are not the ", set.chunk_count(),
+          " its members hold"));
     }
   }
   index.set_created_unix_micros(newest);

@@ -26,8 +26,10 @@ namespace ckpt {
 
 // Merges node manifests (any order) into a commit record. Fails
 // (FailedPrecondition) if they disagree on job, checkpoint, world size or
-// node count, if a chunk is stored twice, or if a chunk a node holds is not
-// stored by its owner with the same dtype and shapes (replicas disagree).
+// node count, if a chunk or data file is stored twice, or if replicas
+// disagree: two nodes report different chunks for one replica set, or the
+// chunks stored for a set are not the ones its members hold (one was never
+// stored, or stored with another dtype or shape).
 absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
     std::vector<v1::Manifest> manifests);
 

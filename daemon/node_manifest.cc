@@ -3,31 +3,50 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/chunk_digest.h"
 
 namespace ckpt {
 namespace {
 
-struct Holder {
-  uint32_t rank;
-  const v1::TensorItem* item;
-  const std::vector<uint32_t>* set;  // null: the rank alone
-};
+// Index of `ranks` in manifest.replica_sets, adding it if new. A set two
+// local ranks report differently means their replicas disagree.
+absl::StatusOr<uint32_t> AddReplicaSet(const ReplicaSetSummary& summary,
+                                       uint32_t rank,
+                                       std::map<std::vector<uint32_t>, uint32_t>* index,
+                                       std::map<uint32_t, uint32_t>* reported_by,
+                                       v1::Manifest* manifest) {
+  auto [it, inserted] = index->emplace(summary.ranks, manifest->replica_sets_size());
+  if (inserted) {
+    v1::ReplicaSet* set = manifest->add_replica_sets();
+    EncodeReplicaRanks(summary.ranks, set);
+    set->set_chunk_count(summary.chunk_count);
+    set->set_chunk_list_xxh3(summary.chunk_list_xxh3);
+    (*reported_by)[it->second] = rank;
+    return it->second;
+  }
+  const v1::ReplicaSet& known = manifest->replica_sets(it->second);
+  if (known.chunk_count() != summary.chunk_count ||
+      known.chunk_list_xxh3() != summary.chunk_list_xxh3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replicas disagree: ranks ", (*reported_by)[it->second], " and ", rank,
+        " hold different chunks with replica set ",
+        DescribeReplicaSet(summary.ranks), " (", known.chunk_count(), " vs ",
+        summary.chunk_count, " chunks)"));
+  }
+  return it->second;
+}
 
-bool SameChunk(const Holder& a, const Holder& b) {
+bool SameShape(const v1::TensorItem& a, const v1::TensorItem& b) {
   auto eq = [](const auto& x, const auto& y) {
     return std::equal(x.begin(), x.end(), y.begin(), y.end());
   };
-  const v1::TensorItem& x = *a.item;
-  const v1::TensorItem& y = *b.item;
-  return x.dtype() == y.dtype() && eq(x.global_shape(), y.global_shape()) &&
-         eq(x.local_shape(), y.local_shape()) && a.set != nullptr &&
-         b.set != nullptr && *a.set == *b.set;
+  return a.dtype() == b.dtype() && eq(a.global_shape(), b.global_shape()) &&
+         eq(a.local_shape(), b.local_shape());
 }
 
 }  // namespace
@@ -35,15 +54,30 @@ bool SameChunk(const Holder& a, const Holder& b) {
 absl::StatusOr<v1::Manifest> BuildNodeManifest(
     const v1::Manifest& header, absl::Span<const WrittenPart> parts) {
   v1::Manifest manifest = header;
-  std::map<std::string, Holder> held;  // chunk -> first local holder
-  // Replica sets of foreign chunks; Holders point into it, so it lives for
-  // the whole function (a deque never moves its elements).
-  std::deque<std::vector<uint32_t>> foreign_sets;
+  std::map<std::vector<uint32_t>, uint32_t> set_index;
+  std::map<uint32_t, uint32_t> set_reported_by;  // set index -> first rank
+  // chunk -> (rank, item) of its first local holder, to name a chunk that
+  // local replicas disagree on.
+  std::map<std::string, std::pair<uint32_t, const v1::TensorItem*>> held;
   for (const WrittenPart& part : parts) {
     const TensorLayout& layout = *part.tensors;
     const RankPlan& plan = layout.plan;
-    // Replica set of each item, as planned (null for unreplicated items).
-    std::vector<const std::vector<uint32_t>*> set_of(layout.items.size(), nullptr);
+    for (const ReplicaSetSummary& summary : plan.sets) {
+      absl::Status added =
+          AddReplicaSet(summary, part.rank, &set_index, &set_reported_by, &manifest)
+              .status();
+      if (!added.ok()) return added;
+    }
+    for (const v1::TensorItem& item : layout.items) {
+      const std::string key =
+          absl::StrCat(item.fqn(), "@[", absl::StrJoin(item.offsets(), ","), "]");
+      auto [it, inserted] = held.emplace(key, std::make_pair(part.rank, &item));
+      if (!inserted && !SameShape(*it->second.second, item)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "replicas disagree: ranks ", it->second.first, " and ", part.rank,
+            " both hold chunk ", key, " with different dtype or shapes"));
+      }
+    }
     for (size_t f = 0; f < plan.files.size(); ++f) {
       const PlannedFile& file = plan.files[f];
       const ShardWriteResult& result = (*part.results)[f];
@@ -53,9 +87,9 @@ absl::StatusOr<v1::Manifest> BuildNodeManifest(
       out->set_size(result.file_size);
       out->set_data_start(file.layout.data_start);
       out->set_rank(part.rank);
+      out->set_replica_set(set_index.at(file.replica_set));
       for (size_t k = 0; k < file.items.size(); ++k) {
         const v1::TensorItem& item = layout.items[file.items[k]];
-        set_of[file.items[k]] = &file.replica_set;
         v1::StoredTensor* t = manifest.add_tensors();
         t->set_fqn(item.fqn());
         t->set_dtype(item.dtype());
@@ -66,35 +100,6 @@ absl::StatusOr<v1::Manifest> BuildNodeManifest(
         t->set_file_offset(file.layout.data_start + file.layout.data_offsets[k]);
         t->set_length(item.memory().length());
         for (uint64_t h : result.block_xxh3[k]) t->add_block_xxh3(h);
-        for (uint32_t r : file.replica_set) t->add_replica_ranks(r);
-      }
-    }
-    for (const ForeignChunk& chunk : plan.foreign) {
-      const v1::TensorItem& item = layout.items[chunk.item];
-      foreign_sets.emplace_back(item.replica_ranks().begin(), item.replica_ranks().end());
-      std::sort(foreign_sets.back().begin(), foreign_sets.back().end());
-      set_of[chunk.item] = &foreign_sets.back();
-      v1::ChunkRef* ref = manifest.add_references();
-      ref->set_fqn(item.fqn());
-      *ref->mutable_offsets() = item.offsets();
-      ref->set_dtype(item.dtype());
-      *ref->mutable_global_shape() = item.global_shape();
-      *ref->mutable_local_shape() = item.local_shape();
-      ref->set_owner_rank(chunk.owner_rank);
-      ref->set_file(chunk.file);
-    }
-    // Local replicas must agree with each other.
-    for (size_t i = 0; i < layout.items.size(); ++i) {
-      const v1::TensorItem& item = layout.items[i];
-      const std::string key =
-          absl::StrCat(item.fqn(), "@[", absl::StrJoin(item.offsets(), ","), "]");
-      Holder holder{part.rank, &item, set_of[i]};
-      auto [it, inserted] = held.emplace(key, holder);
-      if (!inserted && !SameChunk(it->second, holder)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "replicas disagree: ranks ", it->second.rank, " and ", part.rank,
-            " both hold chunk ", key,
-            " but with different dtype, shapes or replica sets"));
       }
     }
     for (const v1::ByteItem& item : *part.byte_items) {

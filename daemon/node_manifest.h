@@ -2,11 +2,12 @@
 // rank's files are durable.
 //
 // Lists the data files the node wrote with each stored chunk (block
-// checksums included), a reference for every chunk a local rank holds that
-// another replica writes (so the commit can check the owner stored it), and
-// the byte items. Chunks that several local ranks hold must agree (dtype,
-// shapes, replica set); otherwise the replicas are inconsistent and this is
-// an error naming the chunk and the ranks.
+// checksums included), the replica sets its ranks are in with the count and
+// digest of the chunks each holds with them (so the commit can check that
+// every replica holds the same chunks and that they were all stored), and
+// the byte items. Local ranks must agree: a chunk two of them hold with a
+// different dtype or shape, or a set they report different chunks for, is an
+// error naming the chunk or set and the ranks.
 //
 // Thread-safety: a pure function.
 #pragma once

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "daemon/chunk_digest.h"
 
 namespace ckpt {
 namespace {
@@ -122,6 +123,10 @@ absl::StatusOr<RankPlan> PlanRank(uint32_t rank, uint32_t world_size,
       return LptBefore(items[a], items[b]);
     });
     const std::vector<size_t> owner = AssignOwners(set, items, members);
+    std::vector<ChunkIdentity> identities;
+    identities.reserve(members.size());
+    for (size_t i : members) identities.push_back(IdentityOf(items[i]));
+    plan.sets.push_back({set, members.size(), ChunkListDigest(std::move(identities))});
     PlannedFile file;
     file.name = ReplicaFileName(rank, set);
     file.replica_set = set;

@@ -56,9 +56,18 @@ struct ForeignChunk {
   std::string file;  // the owner's file that holds it
 };
 
+// What this rank holds with one replica set (owned or not): what every
+// member of the set must agree on.
+struct ReplicaSetSummary {
+  std::vector<uint32_t> ranks;  // canonical
+  uint64_t chunk_count = 0;
+  uint64_t chunk_list_xxh3 = 0;  // ChunkListDigest of the chunks
+};
+
 struct RankPlan {
   std::vector<PlannedFile> files;
   std::vector<ForeignChunk> foreign;
+  std::vector<ReplicaSetSummary> sets;  // one per set the rank is in
   uint64_t owned_bytes = 0;
 };
 

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "ckpt/v1/manifest.pb.h"
 #include "daemon/checkpoint_store.h"
+#include "daemon/chunk_digest.h"
 #include "daemon/durable_file.h"
 #include "support/temp_dir.h"
 
@@ -54,20 +55,16 @@ v1::StoredTensor Stored(uint64_t row, uint32_t file_index) {
   return t;
 }
 
-// The reference a replica writes for the chunk Stored(row, ...) describes.
-v1::ChunkRef RefTo(uint64_t row, uint32_t owner, const std::string& file) {
-  v1::ChunkRef ref;
-  ref.set_fqn("w");
-  ref.add_offsets(row);
-  ref.add_offsets(0);
-  ref.set_dtype(v1::DTYPE_F32);
-  ref.add_global_shape(8);
-  ref.add_global_shape(4);
-  ref.add_local_shape(2);
-  ref.add_local_shape(4);
-  ref.set_owner_rank(owner);
-  ref.set_file(file);
-  return ref;
+// The replica-set entry a node reports for `chunks` held with `ranks`.
+v1::ReplicaSet SetOf(std::vector<uint32_t> ranks,
+                     const std::vector<v1::StoredTensor>& chunks) {
+  v1::ReplicaSet set;
+  EncodeReplicaRanks(ranks, &set);
+  set.set_chunk_count(chunks.size());
+  std::vector<ChunkIdentity> ids;
+  for (const auto& c : chunks) ids.push_back(IdentityOf(c));
+  set.set_chunk_list_xxh3(ChunkListDigest(std::move(ids)));
+  return set;
 }
 
 // Node `node` of a two-node job: one data file holding chunk row 2 * node
@@ -87,7 +84,9 @@ v1::Manifest NodeManifest(uint32_t node, int64_t created) {
   f->set_size(4096 + 32);
   f->set_data_start(4096);
   f->set_rank(node);
+  f->set_replica_set(0);
   *m.add_tensors() = Stored(2 * node, 0);
+  *m.add_replica_sets() = SetOf({node}, {Stored(2 * node, 0)});
   v1::StoredBytes* b = m.add_byte_items();
   b->set_fqn(absl::StrCat("rng.", node));
   b->set_data("seed");
@@ -100,6 +99,23 @@ v1::CommitRecord MergeOrFail(std::vector<v1::Manifest> manifests) {
   INFO(record.status().ToString());
   REQUIRE(record.ok());
   return *std::move(record);
+}
+
+// Both nodes hold chunk row 4 with replica set {0, 1}; its owner, node 1,
+// stores `stored` (row 4 unless a test changes it) in a second file.
+void ShareChunk(v1::Manifest* m0, v1::Manifest* m1, const v1::StoredTensor& stored) {
+  const v1::ReplicaSet shared = SetOf({0, 1}, {Stored(4, 0)});
+  *m0->add_replica_sets() = shared;
+  *m1->add_replica_sets() = shared;
+  v1::DataFile* f = m1->add_files();
+  f->set_name("shard-00002-replicas-0123456789abcdef.safetensors");
+  f->set_size(4096 + 32);
+  f->set_data_start(4096);
+  f->set_rank(1);
+  f->set_replica_set(1);
+  v1::StoredTensor* t = m1->add_tensors();
+  *t = stored;
+  t->set_file_index(1);
 }
 
 // Expects the merge to fail with FailedPrecondition whose message has `text`.
@@ -135,7 +151,7 @@ TEST_CASE("Merging concatenates node files in node order and remaps indices",
   CHECK(index.tensors(1).offsets(0) == 2);
   CHECK(index.tensors(1).file_index() == 1);
   CHECK(index.byte_items_size() == 2);
-  CHECK(index.references_size() == 0);
+  CHECK(index.replica_sets_size() == 2);
 }
 
 TEST_CASE("The commit time is the newest node manifest's creation time",
@@ -150,59 +166,76 @@ TEST_CASE("Merging node manifests in any order gives the same bytes",
           "[commit_protocol]") {
   v1::Manifest m0 = NodeManifest(0, 1000);
   v1::Manifest m1 = NodeManifest(1, 3000);
-  *m0.add_references() = RefTo(2, 1, NodeFile(1));
+  ShareChunk(&m0, &m1, Stored(4, 1));
   const std::string forward = MergeOrFail({m0, m1}).SerializeAsString();
   const std::string reverse = MergeOrFail({m1, m0}).SerializeAsString();
   CHECK(!forward.empty());
   CHECK(forward == reverse);
 }
 
-TEST_CASE("A chunk reference stored identically by its owner merges",
+TEST_CASE("A replicated chunk stored once by its owner merges with one set entry",
           "[commit_protocol]") {
   v1::Manifest m0 = NodeManifest(0, 1000);
-  *m0.add_references() = RefTo(2, 1, NodeFile(1));
-  const v1::CommitRecord record = MergeOrFail({m0, NodeManifest(1, 3000)});
-  // References are checked, not carried into the index.
-  CHECK(record.index().references_size() == 0);
-  CHECK(record.index().tensors_size() == 2);
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  ShareChunk(&m0, &m1, Stored(4, 1));
+  const v1::CommitRecord record = MergeOrFail({m0, m1});
+  const v1::Manifest& index = record.index();
+  CHECK(index.tensors_size() == 3);
+  REQUIRE(index.replica_sets_size() == 3);  // {0}, {0,1}, {1}
+  REQUIRE(index.files_size() == 3);
+  // Node 1's replica file points at the merged {0, 1} entry.
+  const v1::ReplicaSet& shared = index.replica_sets(index.files(2).replica_set());
+  CHECK(DecodeReplicaRanks(shared) == std::vector<uint32_t>{0, 1});
 }
 
-TEST_CASE("A chunk reference that no node stored fails the merge",
+TEST_CASE("A replicated chunk that no node stored fails the merge",
           "[commit_protocol]") {
   v1::Manifest m0 = NodeManifest(0, 1000);
-  *m0.add_references() = RefTo(6, 1, NodeFile(1));
-  CheckMergeFails({m0, NodeManifest(1, 3000)}, "replicas disagree");
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  ShareChunk(&m0, &m1, Stored(4, 1));
+  m1.mutable_tensors()->RemoveLast();
+  CheckMergeFails({m0, m1}, "replicas disagree");
 }
 
-TEST_CASE("A chunk reference stored with another shape fails the merge",
+TEST_CASE("A replicated chunk stored with another shape fails the merge",
           "[commit_protocol]") {
-  v1::Manifest m0 = NodeManifest(0, 1000);
-  v1::ChunkRef ref = RefTo(2, 1, NodeFile(1));
-  ref.set_local_shape(0, 1);
-  *m0.add_references() = ref;
-  CheckMergeFails({m0, NodeManifest(1, 3000)}, "replicas disagree");
-
-  v1::Manifest m0_dtype = NodeManifest(0, 1000);
-  ref = RefTo(2, 1, NodeFile(1));
-  ref.set_dtype(v1::DTYPE_BF16);
-  *m0_dtype.add_references() = ref;
-  CheckMergeFails({m0_dtype, NodeManifest(1, 3000)}, "replicas disagree");
-
-  v1::Manifest m0_global = NodeManifest(0, 1000);
-  ref = RefTo(2, 1, NodeFile(1));
-  ref.set_global_shape(0, 16);
-  *m0_global.add_references() = ref;
-  CheckMergeFails({m0_global, NodeManifest(1, 3000)}, "replicas disagree");
+  v1::StoredTensor local = Stored(4, 1);
+  local.set_local_shape(0, 1);
+  v1::StoredTensor dtype = Stored(4, 1);
+  dtype.set_dtype(v1::DTYPE_BF16);
+  v1::StoredTensor global = Stored(4, 1);
+  global.set_global_shape(0, 16);
+  for (const v1::StoredTensor& stored : {local, dtype, global}) {
+    v1::Manifest m0 = NodeManifest(0, 1000);
+    v1::Manifest m1 = NodeManifest(1, 3000);
+    ShareChunk(&m0, &m1, stored);
+    CheckMergeFails({m0, m1}, "replicas disagree");
+  }
 }
 
-TEST_CASE("A chunk reference stored in another file fails the merge",
+TEST_CASE("Replica sets round-trip through their compact and listed encodings",
+          "[commit_protocol]") {
+  for (const std::vector<uint32_t>& ranks :
+       std::vector<std::vector<uint32_t>>{{3}, {0, 8, 16, 24}, {0, 1, 5}, {7, 9}}) {
+    v1::ReplicaSet set;
+    EncodeReplicaRanks(ranks, &set);
+    CHECK(DecodeReplicaRanks(set) == ranks);
+  }
+  v1::ReplicaSet all;
+  std::vector<uint32_t> everyone(100000);
+  for (uint32_t r = 0; r < everyone.size(); ++r) everyone[r] = r;
+  EncodeReplicaRanks(everyone, &all);
+  CHECK(all.ByteSizeLong() < 16);
+  CHECK(DecodeReplicaRanks(all) == everyone);
+}
+
+TEST_CASE("Nodes that report different chunks for one replica set fail the merge",
           "[commit_protocol]") {
   v1::Manifest m0 = NodeManifest(0, 1000);
-  // Node 1 stored row 2 in its model file, not in the replica file node 0
-  // expected the owner to write.
-  *m0.add_references() =
-      RefTo(2, 1, "shard-00002-replicas-0123456789abcdef.safetensors");
-  CheckMergeFails({m0, NodeManifest(1, 3000)}, "replicas disagree");
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  ShareChunk(&m0, &m1, Stored(4, 1));
+  *m0.mutable_replica_sets(1) = SetOf({0, 1}, {Stored(4, 0), Stored(6, 0)});
+  CheckMergeFails({m0, m1}, "hold different chunks");
 }
 
 TEST_CASE("A chunk stored by two nodes fails the merge", "[commit_protocol]") {
@@ -311,9 +344,10 @@ TEST_CASE("Two committers of the same checkpoint write the same COMMIT bytes",
   REQUIRE(f.store.PrepareForSave(kJob, kCheckpoint, 0).ok());
   REQUIRE(f.store.PrepareForSave(kJob, kCheckpoint, 1).ok());
   v1::Manifest m0 = NodeManifest(0, 1000);
-  *m0.add_references() = RefTo(2, 1, NodeFile(1));
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  ShareChunk(&m0, &m1, Stored(4, 1));
   REQUIRE(f.store.WriteNodeManifest(m0).ok());
-  REQUIRE(f.store.WriteNodeManifest(NodeManifest(1, 3000)).ok());
+  REQUIRE(f.store.WriteNodeManifest(m1).ok());
   REQUIRE(f.MustTryCommit());
   const std::string first = f.MustReadCommitBytes();
 
