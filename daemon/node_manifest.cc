@@ -62,12 +62,7 @@ absl::StatusOr<v1::Manifest> BuildNodeManifest(
   for (const WrittenPart& part : parts) {
     const TensorLayout& layout = *part.tensors;
     const RankPlan& plan = layout.plan;
-    for (const ReplicaSetSummary& summary : plan.sets) {
-      absl::Status added =
-          AddReplicaSet(summary, part.rank, &set_index, &set_reported_by, &manifest)
-              .status();
-      if (!added.ok()) return added;
-    }
+    // Chunk by chunk first, so a disagreement names the chunk.
     for (const v1::TensorItem& item : layout.items) {
       const std::string key =
           absl::StrCat(item.fqn(), "@[", absl::StrJoin(item.offsets(), ","), "]");
@@ -77,6 +72,12 @@ absl::StatusOr<v1::Manifest> BuildNodeManifest(
             "replicas disagree: ranks ", it->second.first, " and ", part.rank,
             " both hold chunk ", key, " with different dtype or shapes"));
       }
+    }
+    for (const ReplicaSetSummary& summary : plan.sets) {
+      absl::Status added =
+          AddReplicaSet(summary, part.rank, &set_index, &set_reported_by, &manifest)
+              .status();
+      if (!added.ok()) return added;
     }
     for (size_t f = 0; f < plan.files.size(); ++f) {
       const PlannedFile& file = plan.files[f];

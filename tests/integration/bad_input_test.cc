@@ -205,3 +205,79 @@ TEST_CASE("a rank that saves the same checkpoint twice is rejected",
 }
 
 }  // namespace ckpt::testing
+
+namespace ckpt::testing {
+namespace {
+
+// A rank of a two-rank job on one daemon holding one float32 chunk "w" of
+// `global` elements (its first `local`), declared replicated on both ranks.
+struct ReplicaRank {
+  std::vector<float> data;
+  std::unique_ptr<Client> client;
+  v1::TensorItem item;
+
+  ReplicaRank(const std::string& socket, uint32_t rank, uint64_t global,
+              uint64_t local, std::vector<uint32_t> replicas)
+      : data(local, 1.0f) {
+    auto c = Client::Connect({.socket = socket, .job = "job", .rank = rank, .world_size = 2});
+    REQUIRE(c.ok());
+    client = *std::move(c);
+    auto region = client->RegisterRegion(data.data(), data.size() * sizeof(float));
+    REQUIRE(region.ok());
+    item.set_fqn("w");
+    item.set_dtype(v1::DTYPE_F32);
+    item.add_global_shape(global);
+    item.add_offsets(0);
+    item.add_local_shape(local);
+    item.mutable_memory()->set_region_id(*region);
+    item.mutable_memory()->set_length(local * sizeof(float));
+    for (uint32_t r : replicas) item.add_replica_ranks(r);
+  }
+
+  absl::StatusOr<std::unique_ptr<SaveHandle>> Save() {
+    v1::SaveRequest request;
+    request.set_job("job");
+    request.set_checkpoint("step-1");
+    *request.add_tensors() = item;
+    return client->Save(request);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a replica set that does not contain the caller is rejected",
+          "[integration][bad-input]") {
+  DaemonProcess daemon;
+  ReplicaRank rank0(daemon.socket(), 0, 16, 16, {1});
+  google::protobuf::RepeatedPtrField<v1::TensorItem> items;
+  *items.Add() = rank0.item;
+  ExpectError(rank0.client->DefineLayout(items).status(),
+              absl::StatusCode::kInvalidArgument, "does not contain the caller");
+  rank0.item.clear_replica_ranks();
+  rank0.item.add_replica_ranks(0);
+  rank0.item.add_replica_ranks(5);
+  ExpectError(rank0.Save().status(), absl::StatusCode::kInvalidArgument,
+              "outside world size 2");
+}
+
+TEST_CASE("replicas that disagree on a chunk's shape fail the checkpoint with "
+          "a reason naming it",
+          "[integration][bad-input]") {
+  DaemonProcess daemon;
+  ReplicaRank rank0(daemon.socket(), 0, 16, 16, {0, 1});
+  ReplicaRank rank1(daemon.socket(), 1, 32, 16, {0, 1});  // global differs
+  auto save0 = rank0.Save();
+  auto save1 = rank1.Save();
+  REQUIRE(save0.ok());
+  REQUIRE(save1.ok());
+  for (SaveHandle* save : {save0->get(), save1->get()}) {
+    const absl::Status status = save->WaitCommitted();
+    INFO(status.ToString());
+    CHECK(status.code() == absl::StatusCode::kAborted);
+    CHECK(absl::StrContains(status.message(), "replicas disagree"));
+    CHECK(absl::StrContains(status.message(), "w@[0]"));
+  }
+  CHECK_FALSE(std::filesystem::exists(daemon.root() + "/job/step-1/COMMIT"));
+}
+
+}  // namespace ckpt::testing
