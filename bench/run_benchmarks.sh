@@ -4,7 +4,10 @@
 #      in the storage directory;
 #   2. ckpt-loadgen through a fresh ckptd on the same directory: save-call
 #      latency with 1,000 tensors per rank, durable throughput and daemon
-#      peak RSS for a checkpoint 4x the staging pool, restore throughput.
+#      peak RSS for a checkpoint 4x the staging pool, restore throughput;
+#   3. four ckptd daemons (nodes) sharing the directory: replica dedupe and
+#      per-node write balance for HSDP, DDP and FSDP layouts;
+#   4. ckpt-plan-bench: node planning time and index size up to 4,096 nodes.
 # Prints one JSON object per measurement and a summary with the ratios.
 #
 #   bench/run_benchmarks.sh [DIR]        (default: a new directory in /tmp)
@@ -47,6 +50,37 @@ echo "$latency"
 big=$(build/bench/ckpt-loadgen --socket "$socket" --job big --ranks $ranks \
   --tensors 1000 --bytes-per-rank $per_rank --saves 3 --restore | tail -n 1)
 echo "$big"
+
+kill $daemon; wait $daemon 2>/dev/null || true
+trap - EXIT
+
+# Four nodes on one machine: one daemon each, one shared storage root.
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null || true' EXIT
+for n in 0 1 2 3; do
+  build/daemon/ckptd --socket "$dir/node$n.sock" --root "$dir/shared" \
+    --pool_bytes $((256 << 20)) --node_id $n --nodes 4 >"$dir/node$n.log" 2>&1 &
+  pids+=($!)
+done
+for n in 0 1 2 3; do
+  for _ in $(seq 100); do
+    build/client/ckptctl --socket "$dir/node$n.sock" status >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+done
+multi() {  # job layout ranks-per-node replicas bytes-per-rank
+  build/bench/ckpt-loadgen --socket "$dir/node{node}.sock" --job "$1" --nodes 4 \
+    --ranks-per-node "$3" --replicas "$4" --layout "$2" --bytes-per-rank "$5" \
+    --saves 2 --restore | tail -n 1
+}
+multi hsdp-8b llama-8b 4 2 $((32 << 20))
+multi hsdp-70b llama-70b 4 2 $((32 << 20))
+multi ddp uniform 2 8 $((32 << 20))
+multi fsdp uniform 2 1 $((32 << 20))
+kill "${pids[@]}"; wait 2>/dev/null || true
+trap - EXIT
+
+build/bench/ckpt-plan-bench --dir "$dir"
 
 python3 - "$fio_write" "$fio_read" "$latency" "$big" <<'PY'
 import json, sys
