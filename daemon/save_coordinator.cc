@@ -293,11 +293,12 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<Checkpoint>& cp) {
     Notify(notify);
     return;
   }
-  SetPhase(*cp, v1::PHASE_DURABLE);
   {
     std::lock_guard lock(mu_);
+    cp->manifest_written = true;
     cp->durable_at = std::chrono::steady_clock::now();
   }
+  SetPhase(*cp, v1::PHASE_DURABLE);
   TryCommit(cp);
 }
 
@@ -445,6 +446,13 @@ void SaveCoordinator::MaybeRetireLocked(const std::shared_ptr<Checkpoint>& cp) {
     part->results.clear();
   }
   if (cp->final_phase == v1::PHASE_COMMITTED) return;
+  // Once the node manifest is out, a node that sees every manifest may be
+  // committing with these files right now: leave them to `ckptctl gc`.
+  if (cp->manifest_written) {
+    LogWarning("leaving ", Key(cp->job, cp->name),
+               " to gc: its node manifest was written");
+    return;
+  }
   // Remove this node's files while holding mu_, so that a new save of the
   // same name cannot prepare them concurrently. Other nodes clean up theirs.
   if (cp->prepared.load()) {

@@ -108,7 +108,10 @@ class SaveCoordinator {
     uint32_t local_ranks = 0;  // parts this node waits for
     std::map<uint32_t, std::shared_ptr<Part>> parts;  // by rank
     uint32_t durable_parts = 0;
-    // Node manifest written; waiting for the other nodes since then.
+    // Node manifest written: from then on another node may commit using
+    // this node's files, so a failure here leaves them for gc.
+    bool manifest_written = false;
+    // Waiting for the other nodes since durable_at.
     bool awaiting_nodes = false;
     std::chrono::steady_clock::time_point durable_at;
     v1::Phase final_phase = v1::PHASE_UNSPECIFIED;    // FAILED/CANCELLED/...
