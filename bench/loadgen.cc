@@ -5,7 +5,8 @@
 //   ckpt-loadgen --socket S --job J [--nodes N] --ranks-per-node R
 //                [--replicas K] [--layout uniform|llama-8b|llama-70b]
 //                [--tensors T] --bytes-per-rank B [--saves K] [--first-step S]
-//                [--restore] [--exit-after-staged]
+//                [--restore [--load-ranks M] [--load-replicas L]]
+//                [--exit-after-staged]
 //
 // The job has N*R ranks; rank r runs on node r / R and talks to the daemon
 // at S with "{node}" replaced by its node id. Each rank holds the chunks
@@ -14,8 +15,11 @@
 // byte-identical. Every rank defines its layout once, then, for each save
 // (named step-<S+k>), fills its memory, waits at a barrier with the other
 // ranks (they save together, as at a checkpoint step), saves and waits for
-// COMMITTED. --restore loads the last checkpoint into zeroed memory and
-// checks every chunk (--saves 0 --restore checks step-<S-1> of an earlier
+// COMMITTED. --restore then starts M fresh processes (default: as many as
+// saved, over the same nodes) that load the last checkpoint into the
+// sharding of an M-rank job with replicate degree L (default 1: FSDP), into
+// zeroed memory, and check every byte against what was saved: a reshard
+// when M or L differ (--saves 0 --restore checks step-<S-1> of an earlier
 // run); --exit-after-staged makes every rank _exit right after STAGED, as a
 // crashing trainer would. --ranks R is a synonym of --ranks-per-node R.
 // Children are forked before any gRPC state exists in the parent.
@@ -27,10 +31,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,6 +48,7 @@
 #include "bench/pattern.h"
 #include "bench/process_barrier.h"
 #include "client/ckpt_client.h"
+#include "common/box.h"
 #include "common/status.h"
 
 namespace {
@@ -55,8 +63,19 @@ struct Args {
   uint32_t first_step = 1;
   bool restore = false;
   bool exit_after_staged = false;
+  uint32_t load_ranks = 0;     // 0: as many as saved
+  uint32_t load_replicas = 0;  // 0: 1 if load_ranks is set, else as saved
 
   uint32_t world() const { return nodes * ranks_per_node; }
+  // The layout the restore wave loads into.
+  ckpt::bench::LayoutSpec LoadLayout() const {
+    ckpt::bench::LayoutSpec spec = layout;
+    spec.world = load_ranks == 0 ? world() : load_ranks;
+    spec.replicas = load_replicas != 0 ? load_replicas
+                    : load_ranks == 0  ? layout.replicas
+                                       : 1;
+    return spec;
+  }
   std::string SocketOf(uint32_t node) const {
     return absl::StrReplaceAll(socket, {{"{node}", std::to_string(node)}});
   }
@@ -68,6 +87,7 @@ struct RankResult {
   bool verified = false;
   uint64_t bytes = 0;
   double restore_s = 0;
+  uint64_t bytes_read = 0;  // of this rank's load round
   double define_layout_ms = 0;
   std::vector<double> save_call_ms, staged_s, durable_s, committed_s;
 };
@@ -89,8 +109,8 @@ std::string StepName(uint32_t step) { return absl::StrFormat("step-%08u", step);
 
 std::string Encode(const RankResult& r) {
   std::string s = absl::StrCat(r.ok ? 1 : 0, " ", r.verified ? 1 : 0, " ", r.bytes,
-                               " ", r.restore_s, " ", r.define_layout_ms, " ",
-                               r.save_call_ms.size());
+                               " ", r.restore_s, " ", r.bytes_read, " ",
+                               r.define_layout_ms, " ", r.save_call_ms.size());
   for (size_t i = 0; i < r.save_call_ms.size(); ++i) {
     absl::StrAppend(&s, " ", r.save_call_ms[i], " ", r.staged_s[i], " ",
                     r.durable_s[i], " ", r.committed_s[i]);
@@ -102,11 +122,11 @@ bool Decode(const std::string& line, RankResult* r) {
   std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
   size_t n = 0;
   int ok = 0, verified = 0;
-  if (f.size() < 6 || !absl::SimpleAtoi(f[0], &ok) ||
+  if (f.size() < 7 || !absl::SimpleAtoi(f[0], &ok) ||
       !absl::SimpleAtoi(f[1], &verified) || !absl::SimpleAtoi(f[2], &r->bytes) ||
-      !absl::SimpleAtod(f[3], &r->restore_s) ||
-      !absl::SimpleAtod(f[4], &r->define_layout_ms) ||
-      !absl::SimpleAtoi(f[5], &n) || f.size() != 6 + 4 * n) {
+      !absl::SimpleAtod(f[3], &r->restore_s) || !absl::SimpleAtoi(f[4], &r->bytes_read) ||
+      !absl::SimpleAtod(f[5], &r->define_layout_ms) ||
+      !absl::SimpleAtoi(f[6], &n) || f.size() != 7 + 4 * n) {
     return false;
   }
   r->ok = ok;
@@ -114,7 +134,7 @@ bool Decode(const std::string& line, RankResult* r) {
   for (size_t i = 0; i < n; ++i) {
     double v[4];
     for (int j = 0; j < 4; ++j) {
-      if (!absl::SimpleAtod(f[6 + 4 * i + j], &v[j])) return false;
+      if (!absl::SimpleAtod(f[7 + 4 * i + j], &v[j])) return false;
     }
     r->save_call_ms.push_back(v[0]);
     r->staged_s.push_back(v[1]);
@@ -132,35 +152,49 @@ void RecordPhases(const ckpt::v1::SaveProgress& p, RankResult* out) {
   out->committed_s.push_back(since(p.committed_unix_micros()));
 }
 
-absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
-  const auto tensors = ckpt::bench::GlobalTensors(args.layout);
-  const auto chunks = ckpt::bench::ChunksOfRank(args.layout, tensors, rank);
-  std::vector<uint64_t> offset(chunks.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    offset[i] = total;
-    total += (chunks[i].bytes + 4095) / 4096 * 4096;
-    out->bytes += chunks[i].bytes;
+// A rank's memory: its chunks placed 4 KiB apart in one registered mapping,
+// and the tensor items that describe them.
+struct RankMemory {
+  std::vector<ckpt::bench::Chunk> chunks;
+  std::vector<uint64_t> offset;
+  char* base = nullptr;
+  uint64_t size = 0;
+  std::unique_ptr<ckpt::Client> client;
+  google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> items;
+
+  ~RankMemory() {
+    client.reset();
+    if (base != nullptr) munmap(base, size);
   }
-  void* mem = mmap(nullptr, std::max<uint64_t>(total, 4096), PROT_READ | PROT_WRITE,
+};
+
+// The chunks `rank` holds of the saving job's tensors, sharded as `spec`
+// says (the saving job's own spec, or the restoring job's).
+absl::Status SetUp(const Args& args, const ckpt::bench::LayoutSpec& spec, uint32_t rank,
+                   RankMemory* m) {
+  m->chunks = ckpt::bench::ChunksOfRank(spec, ckpt::bench::GlobalTensors(args.layout),
+                                        rank);
+  for (const auto& c : m->chunks) {
+    m->offset.push_back(m->size);
+    m->size += (c.bytes + 4095) / 4096 * 4096;
+  }
+  m->size = std::max<uint64_t>(m->size, 4096);
+  void* mem = mmap(nullptr, m->size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (mem == MAP_FAILED) return absl::ResourceExhaustedError("mmap");
-  char* base = static_cast<char*>(mem);
-
-  const uint32_t node = rank / args.ranks_per_node;
-  ASSIGN_OR_RETURN(auto client,
-                   ckpt::Client::Connect({.socket = args.SocketOf(node),
-                                          .job = args.job,
-                                          .rank = rank,
-                                          .world_size = args.world(),
-                                          .node = node,
-                                          .local_world_size = args.ranks_per_node}));
-  ASSIGN_OR_RETURN(uint64_t region,
-                   client->RegisterRegion(mem, std::max<uint64_t>(total, 4096)));
-  google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> items;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const ckpt::bench::Chunk& c = chunks[i];
-    ckpt::v1::TensorItem* item = items.Add();
+  m->base = static_cast<char*>(mem);
+  const uint32_t per_node = spec.world / args.nodes;
+  const uint32_t node = rank / per_node;
+  ASSIGN_OR_RETURN(m->client, ckpt::Client::Connect({.socket = args.SocketOf(node),
+                                                     .job = args.job,
+                                                     .rank = rank,
+                                                     .world_size = spec.world,
+                                                     .node = node,
+                                                     .local_world_size = per_node}));
+  ASSIGN_OR_RETURN(uint64_t region, m->client->RegisterRegion(m->base, m->size));
+  for (size_t i = 0; i < m->chunks.size(); ++i) {
+    const ckpt::bench::Chunk& c = m->chunks[i];
+    ckpt::v1::TensorItem* item = m->items.Add();
     item->set_fqn(c.fqn);
     item->set_dtype(c.dtype);
     for (uint64_t d : c.global_shape) item->add_global_shape(d);
@@ -168,21 +202,33 @@ absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
     for (uint64_t d : c.local_shape) item->add_local_shape(d);
     for (uint32_t r : c.replicas) item->add_replica_ranks(r);
     item->mutable_memory()->set_region_id(region);
-    item->mutable_memory()->set_offset(offset[i]);
+    item->mutable_memory()->set_offset(m->offset[i]);
     item->mutable_memory()->set_length(c.bytes);
   }
+  return absl::OkStatus();
+}
+
+std::string RngOf(uint32_t rank, uint32_t step) {
+  return absl::StrCat("rng of rank ", rank, " at ", step);
+}
+
+// One rank of the saving job: saves args.saves times.
+absl::Status SaveRank(const Args& args, uint32_t rank, RankResult* out) {
+  RankMemory m;
+  RETURN_IF_ERROR(SetUp(args, args.layout, rank, &m));
+  for (const auto& c : m.chunks) out->bytes += c.bytes;
   // The layout is defined once, as a trainer does at start-up; saves then
   // send only its id.
   const auto d0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(uint64_t layout_id, client->DefineLayout(items));
+  ASSIGN_OR_RETURN(uint64_t layout_id, m.client->DefineLayout(m.items));
   out->define_layout_ms = Seconds(std::chrono::steady_clock::now() - d0) * 1e3;
   if (!g_barriers->start.Wait()) return absl::AbortedError("another rank failed");
 
   uint32_t step = args.first_step;
   for (uint32_t k = 0; k < args.saves; ++k, ++step) {
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      ckpt::FillPatternBytes(base + offset[i], chunks[i].bytes,
-                             ckpt::bench::ChunkSeed(chunks[i], step));
+    for (size_t i = 0; i < m.chunks.size(); ++i) {
+      ckpt::FillPatternBytes(m.base + m.offset[i], m.chunks[i].bytes,
+                             ckpt::bench::ChunkSeed(m.chunks[i], step));
     }
     ckpt::v1::SaveRequest request;
     request.set_job(args.job);
@@ -190,10 +236,10 @@ absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
     request.set_layout_id(layout_id);
     ckpt::v1::ByteItem* b = request.add_byte_items();
     b->set_fqn("trainer.rng");
-    b->set_data(absl::StrCat("rng of rank ", rank, " at ", step));
+    b->set_data(RngOf(rank, step));
     if (!g_barriers->step.Wait()) return absl::AbortedError("another rank failed");
     const auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(auto save, client->Save(std::move(request)));
+    ASSIGN_OR_RETURN(auto save, m.client->Save(std::move(request)));
     out->save_call_ms.push_back(Seconds(std::chrono::steady_clock::now() - t0) * 1e3);
     RETURN_IF_ERROR(save->WaitStaged());
     if (args.exit_after_staged) {
@@ -207,30 +253,67 @@ absl::Status RunRank(const Args& args, uint32_t rank, RankResult* out) {
     RETURN_IF_ERROR(save->WaitCommitted());
     RecordPhases(save->progress(), out);
   }
-  if (args.restore) {
-    const uint32_t last = step - 1;
-    std::memset(mem, 0, total);
-    ckpt::v1::LoadRequest request;
-    request.set_job(args.job);
-    request.set_checkpoint(StepName(last));
-    *request.mutable_tensors() = items;
-    request.add_byte_items("trainer.rng");
-    const auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, client->Load(std::move(request)));
-    out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
-    out->verified = response.byte_items_size() == 1 &&
-                    response.byte_items(0).data() ==
-                        absl::StrCat("rng of rank ", rank, " at ", last);
-    for (size_t i = 0; i < chunks.size() && out->verified; ++i) {
-      if (!ckpt::PatternBytesMatch(base + offset[i], chunks[i].bytes,
-                                   ckpt::bench::ChunkSeed(chunks[i], last))) {
-        out->verified = false;
-        std::fprintf(stderr, "rank %u: chunk %s differs after restore\n", rank,
-                     chunks[i].fqn.c_str());
-      }
+  return absl::OkStatus();
+}
+
+// One rank of the restoring job (possibly another world size and sharding):
+// loads the last checkpoint and checks every byte against what the saving
+// ranks held, chunk overlap by chunk overlap.
+absl::Status LoadRank(const Args& args, uint32_t rank, RankResult* out) {
+  const ckpt::bench::LayoutSpec load = args.LoadLayout();
+  RankMemory m;
+  RETURN_IF_ERROR(SetUp(args, load, rank, &m));
+  for (const auto& c : m.chunks) out->bytes += c.bytes;
+  const uint32_t last = args.first_step + args.saves - 1;
+  ckpt::v1::LoadRequest request;
+  request.set_job(args.job);
+  request.set_checkpoint(StepName(last));
+  *request.mutable_tensors() = m.items;
+  request.add_byte_items("trainer.rng");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, m.client->Load(std::move(request)));
+  out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
+  out->bytes_read = response.bytes_read();
+
+  // What the saving job held: every shard of every tensor, once.
+  const auto tensors = ckpt::bench::GlobalTensors(args.layout);
+  std::map<std::string, std::vector<ckpt::bench::Chunk>> saved;
+  const uint32_t shards = args.layout.world / args.layout.replicas;
+  for (uint32_t s = 0; s < shards; ++s) {
+    for (auto& c : ckpt::bench::ChunksOfRank(args.layout, tensors, s)) {
+      auto& list = saved[c.fqn];
+      const bool known = std::any_of(list.begin(), list.end(), [&](const auto& x) {
+        return x.offsets == c.offsets;
+      });
+      if (!known) list.push_back(std::move(c));
     }
   }
-  munmap(mem, std::max<uint64_t>(total, 4096));
+  // A restored rank gets some rank's RNG state of that step (its own if it
+  // saved one).
+  out->verified = response.byte_items_size() == 1 &&
+                  absl::StartsWith(response.byte_items(0).data(), "rng of rank ") &&
+                  absl::EndsWith(response.byte_items(0).data(), absl::StrCat(" at ", last));
+  for (size_t i = 0; i < m.chunks.size() && out->verified; ++i) {
+    const ckpt::bench::Chunk& want = m.chunks[i];
+    const ckpt::Box dst{want.offsets, want.local_shape};
+    uint64_t checked = 0;
+    for (const ckpt::bench::Chunk& src : saved[want.fqn]) {
+      const uint64_t element = src.bytes / std::max<uint64_t>(1, ckpt::BoxElements({src.offsets, src.local_shape}));
+      for (const ckpt::CopyRun& run :
+           ckpt::IntersectBoxes({src.offsets, src.local_shape}, dst, element)) {
+        if (!ckpt::PatternRangeMatches(m.base + m.offset[i] + run.dst, run.src, run.length,
+                                       ckpt::bench::ChunkSeed(src, last))) {
+          out->verified = false;
+        }
+        checked += run.length;
+      }
+    }
+    if (checked != want.bytes) out->verified = false;
+    if (!out->verified) {
+      std::fprintf(stderr, "rank %u: chunk %s differs after restore\n", rank,
+                   want.fqn.c_str());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -265,27 +348,125 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     else if (flag == "--bytes-per-rank") ok = absl::SimpleAtoi(v, &a->layout.bytes_per_rank);
     else if (flag == "--saves") ok = absl::SimpleAtoi(v, &a->saves);
     else if (flag == "--first-step") ok = absl::SimpleAtoi(v, &a->first_step);
+    else if (flag == "--load-ranks") ok = absl::SimpleAtoi(v, &a->load_ranks);
+    else if (flag == "--load-replicas") ok = absl::SimpleAtoi(v, &a->load_replicas);
     else return false;
     if (!ok) return false;
   }
   a->layout.world = a->world();
+  const ckpt::bench::LayoutSpec load = a->LoadLayout();
   return a->world() > 0 && ckpt::bench::ValidateLayoutSpec(a->layout).ok() &&
+         ckpt::bench::ValidateLayoutSpec(load).ok() && load.world % a->nodes == 0 &&
          (a->saves > 0 || a->restore) && a->first_step > (a->saves == 0 ? 1u : 0u) &&
          !(a->exit_after_staged && (a->saves != 1 || a->restore));
 }
 
-// Tensor bytes each daemon has written so far (0 where one does not answer).
-std::vector<uint64_t> BytesWritten(const Args& args) {
-  std::vector<uint64_t> out;
-  for (uint32_t n = 0; n < args.nodes; ++n) {
-    auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.SocketOf(n)));
-    ckpt::v1::DaemonStatusResponse status;
-    grpc::ClientContext context;
-    const bool ok =
-        stub->DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &status).ok();
-    out.push_back(ok ? status.tensor_bytes_written() : 0);
+// What the daemons report. The parent never touches gRPC itself (children
+// forked after that would inherit its state), so a child asks and writes
+// the answers to a pipe.
+struct DaemonReport {
+  std::vector<uint64_t> written;  // tensor bytes written, per node
+  uint64_t peak_rss = 0, pool = 0;  // of node 0
+  std::string backend;
+};
+
+DaemonReport QueryDaemons(const Args& args) {
+  DaemonReport report;
+  int fds[2];
+  if (pipe(fds) != 0) return report;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string line;
+    for (uint32_t n = 0; n < args.nodes; ++n) {
+      auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.SocketOf(n)));
+      ckpt::v1::DaemonStatusResponse status;
+      grpc::ClientContext context;
+      const bool ok =
+          stub->DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &status).ok();
+      absl::StrAppend(&line, ok ? status.tensor_bytes_written() : 0, " ",
+                      ok ? status.peak_rss_bytes() : 0, " ",
+                      ok ? status.staging_pool_bytes() : 0, " ",
+                      ok && !status.io_backend().empty() ? status.io_backend() : "-", "\n");
+    }
+    _exit(write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()) ? 0 : 1);
   }
-  return out;
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fds[0]);
+  if (pid > 0) waitpid(pid, nullptr, 0);
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    uint64_t written = 0;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &written)) continue;
+    report.written.push_back(written);
+    if (report.written.size() == 1) {
+      (void)absl::SimpleAtoi(f[1], &report.peak_rss);
+      (void)absl::SimpleAtoi(f[2], &report.pool);
+      report.backend = f[3];
+    }
+  }
+  report.written.resize(args.nodes, 0);
+  return report;
+}
+
+// Forks `count` rank processes running `run`, and collects their results.
+// `before_join` runs in the parent once all are forked (wave 1 uses it to
+// read the daemons' counters and then release the ranks).
+template <typename Run, typename BeforeJoin>
+bool RunWave(uint32_t count, Run run, BeforeJoin before_join,
+             std::vector<RankResult>* results) {
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  for (uint32_t rank = 0; rank < count; ++rank) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      std::perror("pipe");
+      return false;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return false;
+    }
+    if (pid == 0) {
+      close(fds[0]);
+      g_result_fd = fds[1];
+      RankResult r;
+      absl::Status status = run(rank, &r);
+      r.ok = status.ok();
+      if (!status.ok()) {
+        std::fprintf(stderr, "rank %u: %s\n", rank, status.ToString().c_str());
+        // Release the others from the barriers they may be waiting at.
+        g_barriers->start.Abort();
+        g_barriers->step.Abort();
+        _exit(3);
+      }
+      const std::string line = Encode(r);
+      _exit(write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()) ? 0 : 1);
+    }
+    close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  before_join();
+  results->assign(count, {});
+  bool all_ok = true;
+  for (uint32_t rank = 0; rank < count; ++rank) {
+    std::string line;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(pipes[rank], buf, sizeof(buf))) > 0) line.append(buf, n);
+    close(pipes[rank]);
+    int wstatus = 0;
+    waitpid(pids[rank], &wstatus, 0);
+    if (!Decode(line, &(*results)[rank]) || !(*results)[rank].ok) all_ok = false;
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) all_ok = false;
+  }
+  return all_ok;
 }
 
 }  // namespace
@@ -297,9 +478,10 @@ int main(int argc, char** argv) {
         stderr,
         "usage: ckpt-loadgen --socket S --job J [--nodes N] --ranks-per-node R\n"
         "       [--replicas K] [--layout uniform|llama-8b|llama-70b] [--tensors T]\n"
-        "       --bytes-per-rank B [--saves K] [--first-step S] [--restore]\n"
+        "       --bytes-per-rank B [--saves K] [--first-step S]\n"
+        "       [--restore [--load-ranks M] [--load-replicas L]]\n"
         "       [--exit-after-staged]  (with --saves 1, no --restore)\n"
-        "S may contain {node}; K must divide N*R.\n");
+        "S may contain {node}; K must divide N*R, L must divide M, N must divide M.\n");
     return 2;
   }
   const uint32_t world = args.world();
@@ -314,73 +496,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot set up process-shared barriers\n");
     return 1;
   }
-  std::vector<pid_t> pids;
-  std::vector<int> pipes;
-  for (uint32_t rank = 0; rank < world; ++rank) {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      std::perror("pipe");
-      return 1;
-    }
-    const pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fork");
-      return 1;
-    }
-    if (pid == 0) {
-      close(fds[0]);
-      g_result_fd = fds[1];
-      RankResult r;
-      absl::Status status = RunRank(args, rank, &r);
-      r.ok = status.ok();
-      if (!status.ok()) {
-        std::fprintf(stderr, "rank %u: %s\n", rank, status.ToString().c_str());
-        // Release the others from the barriers they may be waiting at.
-        g_barriers->start.Abort();
-        g_barriers->step.Abort();
-        _exit(3);
-      }
-      const std::string line = Encode(r);
-      const bool written =
-          write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size());
-      _exit(written ? 0 : 1);
-    }
-    close(fds[1]);
-    pids.push_back(pid);
-    pipes.push_back(fds[0]);
-  }
-  const std::vector<uint64_t> written_before = BytesWritten(args);
-  g_barriers->start.Wait();  // false only if a rank failed: reported below
-
-  std::vector<RankResult> results(world);
+  // Wave 1: the saving job.
+  std::vector<RankResult> results;
+  DaemonReport before, after;
   bool all_ok = true;
-  for (uint32_t rank = 0; rank < world; ++rank) {
-    std::string line;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(pipes[rank], buf, sizeof(buf))) > 0) line.append(buf, n);
-    close(pipes[rank]);
-    int wstatus = 0;
-    waitpid(pids[rank], &wstatus, 0);
-    if (!Decode(line, &results[rank]) || !results[rank].ok) all_ok = false;
-    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) all_ok = false;
+  if (args.saves > 0) {
+    all_ok = RunWave(
+        world, [&](uint32_t rank, RankResult* r) { return SaveRank(args, rank, r); },
+        [&] {
+          before = QueryDaemons(args);
+          g_barriers->start.Wait();  // false only if a rank failed: reported below
+        },
+        &results);
   }
-  const std::vector<uint64_t> written_after = BytesWritten(args);
+  after = QueryDaemons(args);
+  // Wave 2: the restoring job, in fresh processes.
+  std::vector<RankResult> loads;
+  const ckpt::bench::LayoutSpec load = args.LoadLayout();
+  if (args.restore && all_ok) {
+    all_ok = RunWave(
+        load.world, [&](uint32_t rank, RankResult* r) { return LoadRank(args, rank, r); },
+        [] {}, &loads);
+  }
 
   // A checkpoint is staged/durable/committed when its last rank is; report
   // the mean over saves of that per-save maximum.
   std::vector<double> calls;
   double define_layout_ms = 0, staged = 0, durable = 0, committed = 0, restore = 0;
-  uint64_t rank_bytes = 0;
-  bool verified = args.restore;
+  uint64_t rank_bytes = 0, loaded_bytes = 0;
   for (const RankResult& r : results) {
     calls.insert(calls.end(), r.save_call_ms.begin(), r.save_call_ms.end());
     rank_bytes += r.bytes;
-    restore = std::max(restore, r.restore_s);
     define_layout_ms = std::max(define_layout_ms, r.define_layout_ms);
-    verified = verified && r.verified;
   }
-  for (uint32_t k = 0; k < args.saves && all_ok; ++k) {
+  for (uint32_t k = 0; k < args.saves && all_ok && !args.exit_after_staged; ++k) {
     double s = 0, d = 0, c = 0;
     for (const RankResult& r : results) {
       s = std::max(s, r.staged_s[k]);
@@ -391,26 +540,29 @@ int main(int argc, char** argv) {
     durable += d / args.saves;
     committed += c / args.saves;
   }
+  // Each node's load round reads its bytes once and reports them to each of
+  // its ranks: count each node once.
+  bool verified = args.restore && all_ok;
+  std::vector<uint64_t> node_read(args.nodes, 0);
+  const uint32_t load_per_node = load.world / args.nodes;
+  for (uint32_t r = 0; r < loads.size(); ++r) {
+    restore = std::max(restore, loads[r].restore_s);
+    loaded_bytes += loads[r].bytes;
+    verified = verified && loads[r].verified;
+    uint64_t& n = node_read[r / load_per_node];
+    n = std::max(n, loads[r].bytes_read);
+  }
+  uint64_t bytes_read = 0;
+  for (uint64_t n : node_read) bytes_read += n;
   const uint64_t unique =
       ckpt::bench::UniqueBytes(ckpt::bench::GlobalTensors(args.layout));
   std::vector<uint64_t> per_node;
   uint64_t bytes_written = 0, max_node = 0;
   for (uint32_t n = 0; n < args.nodes; ++n) {
-    per_node.push_back((written_after[n] - written_before[n]) / std::max(1u, args.saves));
+    const uint64_t delta = args.saves > 0 ? after.written[n] - before.written[n] : 0;
+    per_node.push_back(delta / std::max(1u, args.saves));
     bytes_written += per_node.back();
     max_node = std::max(max_node, per_node.back());
-  }
-  uint64_t peak_rss = 0, pool = 0;
-  std::string backend;
-  {
-    auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(args.SocketOf(0)));
-    ckpt::v1::DaemonStatusResponse status;
-    grpc::ClientContext context;
-    if (stub->DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &status).ok()) {
-      peak_rss = status.peak_rss_bytes();
-      pool = status.staging_pool_bytes();
-      backend = status.io_backend();
-    }
   }
   auto b = [](bool v) { return v ? "true" : "false"; };
   std::printf(
@@ -420,7 +572,9 @@ int main(int argc, char** argv) {
       "\"max_node_share_over_ideal\": %.4f, \"define_layout_ms\": %.3f, "
       "\"save_call_ms_p50\": %.3f, \"save_call_ms_p99\": %.3f, \"staged_s\": %.4f, "
       "\"durable_s\": %.4f, \"committed_s\": %.4f, \"durable_gbps\": %.3f, "
-      "\"restore_s\": %.4f, \"restore_gbps\": %.3f, \"verified\": %s, "
+      "\"load_ranks\": %u, \"load_replicas\": %u, \"restore_s\": %.4f, "
+      "\"restore_gbps\": %.3f, \"restore_source\": \"%s\", \"bytes_read\": %llu, "
+      "\"read_over_unique\": %.4f, \"verified\": %s, "
       "\"daemon_peak_rss_bytes\": %llu, \"staging_pool_bytes\": %llu, "
       "\"io_backend\": \"%s\"}\n",
       b(all_ok), args.layout.preset.c_str(), args.nodes, args.ranks_per_node,
@@ -429,9 +583,12 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(bytes_written), absl::StrJoin(per_node, ", ").c_str(),
       unique > 0 ? max_node / (static_cast<double>(unique) / args.nodes) : 0.0,
       define_layout_ms, Percentile(calls, 0.5), Percentile(calls, 0.99), staged,
-      durable, committed, durable > 0 ? bytes_written / durable / 1e9 : 0.0, restore,
-      restore > 0 ? rank_bytes / restore / 1e9 : 0.0, b(verified),
-      static_cast<unsigned long long>(peak_rss), static_cast<unsigned long long>(pool),
-      backend.c_str());
+      durable, committed, durable > 0 ? bytes_written / durable / 1e9 : 0.0,
+      args.restore ? load.world : 0, args.restore ? load.replicas : 0, restore,
+      restore > 0 ? loaded_bytes / restore / 1e9 : 0.0,
+      args.restore ? "storage" : "", static_cast<unsigned long long>(bytes_read),
+      unique > 0 ? static_cast<double>(bytes_read) / unique : 0.0, b(verified),
+      static_cast<unsigned long long>(after.peak_rss),
+      static_cast<unsigned long long>(after.pool), after.backend.c_str());
   return all_ok && (verified || !args.restore) ? 0 : 1;
 }

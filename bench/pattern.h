@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 
 namespace ckpt {
@@ -48,6 +49,27 @@ inline bool PatternBytesMatch(const char* data, size_t bytes, uint64_t seed) {
   }
   const uint64_t tail = PatternWord(seed, bytes / 8);
   return std::memcmp(data + bytes / 8 * 8, &tail, bytes % 8) == 0;
+}
+
+// True if data[0, length) equals bytes [offset, offset + length) of the
+// byte-granular pattern of `seed` (a piece of a chunk, after a reshard).
+inline bool PatternRangeMatches(const char* data, uint64_t offset, uint64_t length,
+                                uint64_t seed) {
+  char expected[4096 + 16];
+  while (length > 0) {
+    const uint64_t word = offset / 8, skip = offset % 8;
+    const uint64_t take = std::min<uint64_t>(length, 4096);
+    const uint64_t words = (skip + take + 7) / 8;
+    for (uint64_t i = 0; i < words; ++i) {
+      const uint64_t w = PatternWord(seed, word + i);
+      std::memcpy(expected + 8 * i, &w, 8);
+    }
+    if (std::memcmp(data, expected + skip, take) != 0) return false;
+    data += take;
+    offset += take;
+    length -= take;
+  }
+  return true;
 }
 
 }  // namespace ckpt

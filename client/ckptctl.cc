@@ -4,6 +4,7 @@
 //   ckptctl [--socket PATH] list [JOB]         checkpoints (committed or not)
 //   ckptctl [--socket PATH] cancel JOB CHECKPOINT
 //   ckptctl [--socket PATH] gc [JOB]           remove stale uncommitted ones
+//   ckptctl [--socket PATH] verify JOB [CHECKPOINT]   check every stored byte
 //
 // Exit status: 0 on success, 1 on an error from the daemon, 2 on bad usage.
 #include <unistd.h>
@@ -29,7 +30,9 @@ constexpr char kUsage[] =
     "  list [JOB]              checkpoints of JOB (default: every job)\n"
     "  cancel JOB CHECKPOINT   cancel an in-flight checkpoint\n"
     "  gc [JOB]                remove uncommitted checkpoints older than the\n"
-    "                          newest committed one\n";
+    "                          newest committed one\n"
+    "  verify JOB [CHECKPOINT] re-read and check every stored byte (default:\n"
+    "                          latest); exits 1 on damage\n";
 
 std::string Bytes(double n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -140,6 +143,22 @@ int Cancel(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
   return 0;
 }
 
+int Verify(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
+           const std::string& checkpoint) {
+  ckpt::v1::VerifyRequest request;
+  request.set_job(job);
+  request.set_checkpoint(checkpoint);
+  ckpt::v1::VerifyResponse response;
+  grpc::ClientContext context;
+  auto status = ckpt::FromGrpc(stub.Verify(&context, request, &response), "verify");
+  if (!status.ok()) return Fail(status);
+  for (const auto& d : response.damage()) std::printf("DAMAGED: %s\n", d.c_str());
+  std::printf("%s/%s: %u files, %s verified, %d problem(s)\n", job.c_str(),
+              response.checkpoint().c_str(), response.files(),
+              Bytes(response.bytes_verified()).c_str(), response.damage_size());
+  return response.damage().empty() ? 0 : 1;
+}
+
 int Gc(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
   ckpt::v1::CollectGarbageRequest request;
   request.set_job(job);
@@ -183,6 +202,9 @@ int main(int argc, char** argv) {
   }
   if (command == "list" && args.size() <= 2) {
     return List(*stub, args.size() == 2 ? args[1] : "");
+  }
+  if (command == "verify" && (args.size() == 2 || args.size() == 3)) {
+    return Verify(*stub, args[1], args.size() == 3 ? args[2] : "");
   }
   if (command == "gc" && args.size() <= 2) {
     return Gc(*stub, args.size() == 2 ? args[1] : "");

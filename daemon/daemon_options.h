@@ -38,6 +38,10 @@ struct DaemonOptions {
   // How long a node that is durable waits for the other nodes' manifests
   // before it declares the checkpoint failed.
   uint64_t commit_timeout_ms = 600'000;
+  // Loads of one checkpoint by this node's ranks are batched (so bytes
+  // several ranks need are read once) until every local rank has asked or
+  // this long after the first request.
+  uint64_t load_batch_ms = 200;
 };
 
 }  // namespace ckpt

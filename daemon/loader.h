@@ -1,20 +1,33 @@
-// Loader: restores a committed checkpoint into a session's registered memory.
+// Loader: restores committed checkpoints into sessions' registered memory,
+// resharding to whatever boxes the ranks ask for.
 //
-// A load names destinations by (fqn, offsets) with their dtype and shapes;
-// protocol v1 restores into the layout the checkpoint was saved from, so
-// each destination must match one stored chunk exactly (shape or dtype
-// disagreements and missing fqns are errors that name the fqn). The reads
-// go through ShardReader, which verifies every block checksum before the
-// load succeeds and can read sub-ranges of items, the building block for
-// resharding.
+// Requests for the same checkpoint from a node's ranks are gathered into a
+// round, which starts once every local rank of the job has asked or
+// load_batch_ms after the first request. A round resolves the checkpoint
+// once (COMMIT or LATEST), plans each request by intersecting its
+// destination boxes with the stored chunks of the same fqn (common/box.h),
+// and merges the plans: every stored chunk any rank needs becomes one
+// ItemRead whose deliveries fan out to all of them, so each byte is read from
+// storage once per round. Data files are read in parallel on the I/O
+// workers (ShardReader verifies every block); the last file to finish
+// completes the requests. A request that is invalid, or whose file fails,
+// fails alone; the others proceed.
 //
-// Thread-safety: Start may be called from any thread; the work runs on an
-// I/O worker and `done` is called there.
+// Thread-safety: Start may be called from any thread; `done` is called on a
+// worker (or the batching thread).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt/v1/control.pb.h"
 #include "daemon/checkpoint_store.h"
@@ -30,22 +43,37 @@ class Loader {
   using Done = std::function<void(absl::StatusOr<v1::LoadResponse>)>;
 
   Loader(const DaemonOptions& options, const CheckpointStore* store,
-         StagingPool* pool, IoWorkers* workers)
-      : options_(options), store_(store), pool_(pool), workers_(workers) {}
+         StagingPool* pool, IoWorkers* workers);
+  ~Loader();  // stops the batching thread; queued rounds still run
 
   // Queues the load; `done` receives the result.
-  void Start(std::shared_ptr<Session> session, v1::LoadRequest request,
-             Done done);
+  void Start(std::shared_ptr<Session> session, v1::LoadRequest request, Done done);
 
  private:
-  absl::StatusOr<v1::LoadResponse> Run(Session& session,
-                                       const v1::LoadRequest& request,
-                                       IoQueue& queue);
+  struct Request {
+    std::shared_ptr<Session> session;
+    v1::LoadRequest request;
+    Done done;
+  };
+  struct Round {
+    std::vector<Request> requests;
+    uint32_t local_ranks = 0;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  void Batch();
+  void Launch(std::vector<Request> requests);
 
   const DaemonOptions options_;
   const CheckpointStore* const store_;
   StagingPool* const pool_;
   IoWorkers* const workers_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<std::string, Round> rounds_ ABSL_GUARDED_BY(mu_);  // "job/checkpoint"
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread batcher_;
 };
 
 }  // namespace ckpt

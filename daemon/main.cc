@@ -37,6 +37,9 @@ ABSL_FLAG(uint32_t, nodes, kDefaults.nodes,
           "every node's manifest is in the shared storage root");
 ABSL_FLAG(uint64_t, commit_timeout_ms, kDefaults.commit_timeout_ms,
           "how long a durable node waits for the other nodes");
+ABSL_FLAG(uint64_t, load_batch_ms, kDefaults.load_batch_ms,
+          "how long loads of one checkpoint wait for this node's other ranks, "
+          "so bytes several ranks need are read once");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
 int main(int argc, char** argv) {
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
   options.node_id = absl::GetFlag(FLAGS_node_id);
   options.nodes = absl::GetFlag(FLAGS_nodes);
   options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
+  options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.

@@ -58,7 +58,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   CheckpointStore store(options.root);
   auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
                                                  workers.get());
-  Loader loader(options, &store, pool.get(), workers.get());
+  auto loader = std::make_unique<Loader>(options, &store, pool.get(), workers.get());
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
@@ -67,8 +67,8 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
             s->OnSessionClosed(session);
           }));
 
-  CkptdService service({&options, sessions.get(), saves.get(), &loader, &store,
-                        pool.get(), workers->backend()});
+  CkptdService service({&options, sessions.get(), saves.get(), loader.get(), &store,
+                        pool.get(), workers.get(), workers->backend()});
   ::unlink(options.socket.c_str());  // a stale socket of a previous run
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options.socket),
@@ -88,9 +88,11 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   int signal = 0;
   sigwait(&stop_signals, &signal);
   LogInfo("ckptd stopping on signal ", signal);
-  server->Shutdown();
+  server->Shutdown();  // waits for in-flight RPCs, loads included
   sessions.reset();
-  workers.reset();  // finishes queued parts before saves_ goes away
+  loader.reset();     // no round is pending once every Load has finished
+  workers.reset();    // finishes queued parts before saves goes away
+  saves.reset();
   return absl::OkStatus();
 }
 

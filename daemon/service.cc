@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "daemon/durable_file.h"
 #include "daemon/save_plan.h"
+#include "daemon/verifier.h"
 
 namespace ckpt {
 namespace {
@@ -231,6 +232,18 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_nodes(c_.options->nodes);
   response->set_tensor_bytes_written(c_.saves->tensor_bytes_written());
   return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CkptdService::Verify(grpc::CallbackServerContext* context,
+                                               const v1::VerifyRequest* request,
+                                               v1::VerifyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  VerifyCheckpoint(c_.store, c_.pool, c_.workers, request->job(), request->checkpoint(),
+                   [reactor, response](absl::StatusOr<v1::VerifyResponse> result) {
+                     if (result.ok()) *response = *std::move(result);
+                     reactor->Finish(ToGrpcStatus(result.status()));
+                   });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CkptdService::CollectGarbage(

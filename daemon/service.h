@@ -13,6 +13,7 @@
 #include "ckpt/v1/control.grpc.pb.h"
 #include "daemon/checkpoint_store.h"
 #include "daemon/daemon_options.h"
+#include "daemon/io_workers.h"
 #include "daemon/loader.h"
 #include "daemon/save_coordinator.h"
 #include "daemon/session.h"
@@ -30,7 +31,8 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     SaveCoordinator* saves;
     Loader* loader;
     const CheckpointStore* store;
-    const StagingPool* pool;
+    StagingPool* pool;
+    IoWorkers* workers;
     std::string io_backend;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
@@ -66,6 +68,9 @@ class CkptdService final : public v1::Ckptd::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::DaemonStatusRequest* request,
       v1::DaemonStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
   grpc::ServerUnaryReactor* CollectGarbage(
       grpc::CallbackServerContext* context,
       const v1::CollectGarbageRequest* request,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -20,14 +21,22 @@ constexpr uint64_t kDirectAlignment = 4096;
 uint64_t AlignDown(uint64_t n) { return n / kDirectAlignment * kDirectAlignment; }
 uint64_t AlignUp(uint64_t n) { return AlignDown(n + kDirectAlignment - 1); }
 
-// An item's range widened to whole checksum blocks, in file offsets.
+// An item's needed range widened to whole checksum blocks, in file offsets.
 struct Span { uint64_t begin, end; };
 
 Span Widen(const ItemRead& item, uint64_t block) {
-  const uint64_t b = item.begin / block * block;
-  const uint64_t e = std::min(item.item_length, (item.end + block - 1) / block * block);
+  uint64_t begin = item.item_length, end = 0;
+  for (const Delivery& d : item.deliveries) {
+    begin = std::min(begin, d.begin);
+    end = std::max(end, d.end);
+  }
+  const uint64_t b = begin / block * block;
+  const uint64_t e = std::min(item.item_length, (end + block - 1) / block * block);
   return {item.item_file_offset + b, item.item_file_offset + e};
 }
+
+// Spans to copy out of one window, batched per destination.
+using Outbox = std::map<MemorySource*, std::vector<CopySpan>>;
 
 struct Window {
   uint64_t offset = 0;  // aligned file offset
@@ -47,20 +56,22 @@ class ItemSink {
   const Span& span() const { return span_; }
 
   // Consumes the part of [data, data+len) at file offset `at` that lies in
-  // this item's widened range. `*complete` becomes true after the last byte.
+  // this item's widened range, queueing its deliveries in `outbox`.
+  // `*complete` becomes true after the last byte.
   absl::Status Consume(const char* data, uint64_t at, uint64_t len,
-                       MemorySource* dst, bool* complete) {
+                       Outbox* outbox, bool* complete) {
     const uint64_t from = std::max(at, span_.begin + fed_);
     const uint64_t to = std::min(at + len, span_.end);
     if (from < to) {
       hasher_.Update(data + (from - at), to - from);
-      // Deliver the requested bytes of this piece.
-      const uint64_t want_from = std::max(from, item_.item_file_offset + item_.begin);
-      const uint64_t want_to = std::min(to, item_.item_file_offset + item_.end);
-      if (want_from < want_to) {
-        CopySpan span{item_.remote + (want_from - item_.item_file_offset - item_.begin),
-                      const_cast<char*>(data + (want_from - at)), want_to - want_from};
-        RETURN_IF_ERROR(dst->Write({&span, 1}));
+      const uint64_t base = item_.item_file_offset;
+      for (const Delivery& d : item_.deliveries) {
+        const uint64_t want_from = std::max(from, base + d.begin);
+        const uint64_t want_to = std::min(to, base + d.end);
+        if (want_from >= want_to) continue;
+        (*outbox)[d.destination].push_back(
+            {d.remote + (want_from - base - d.begin),
+             const_cast<char*>(data + (want_from - at)), want_to - want_from});
       }
       fed_ += to - from;
     }
@@ -101,8 +112,13 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   std::vector<Span> segments;
   for (size_t i = 0; i < req.items.size(); ++i) {
     const ItemRead& item = req.items[i];
-    if (item.begin > item.end || item.end > item.item_length ||
-        item.item_file_offset + item.item_length > req.file_size) {
+    bool bad = item.deliveries.empty() ||
+               item.item_file_offset + item.item_length > req.file_size;
+    for (const Delivery& d : item.deliveries) {
+      bad = bad || d.begin > d.end || d.end > item.item_length ||
+            d.destination == nullptr;
+    }
+    if (bad) {
       return absl::InternalError(absl::StrCat("bad read range for item ",
                                               item.fqn, " in ", req.path));
     }
@@ -166,15 +182,16 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
     return absl::OkStatus();
   };
 
-  // Feeds a completed window to the items it covers, in order.
-  auto consume = [&](const Window& w) -> absl::Status {
+  // Feeds a completed window to the items it covers, in order, queueing
+  // their deliveries.
+  auto consume_items = [&](const Window& w, Outbox* outbox) -> absl::Status {
     const uint64_t valid_end = w.offset + w.bytes;
     while (next_item < req.items.size()) {
       if (!sink) sink.emplace(req.items[next_item], block, req.path);
       if (sink->span().begin >= valid_end) break;
       bool complete = false;
-      RETURN_IF_ERROR(sink->Consume(w.buffer.data, w.offset, w.bytes,
-                                    req.destination, &complete));
+      RETURN_IF_ERROR(sink->Consume(w.buffer.data, w.offset, w.bytes, outbox,
+                                    &complete));
       if (!complete) {
         if (sink->span().end > valid_end && w.bytes < w.length) {
           return absl::DataLossError(absl::StrCat(
@@ -187,6 +204,18 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
       ++next_item;
     }
     return absl::OkStatus();
+  };
+  // ... then sends the window's deliveries, one batched write per
+  // destination (a block's bytes go out before it is verified: a mismatch
+  // fails the whole load, whose memory is then not to be used).
+  Outbox outbox;
+  auto consume = [&](const Window& w) -> absl::Status {
+    outbox.clear();
+    absl::Status status = consume_items(w, &outbox);
+    for (auto& [destination, spans] : outbox) {
+      if (status.ok()) status = destination->Write(spans);
+    }
+    return status;
   };
 
   error = submit_more();

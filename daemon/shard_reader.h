@@ -1,14 +1,17 @@
 // ShardReader: reads byte ranges of stored chunks from one data file,
 // verifies them against the manifest's block checksums, and copies them
-// into a peer's memory.
+// into peers' memory.
 //
-// Each requested range is widened to whole checksum blocks (so every byte
-// handed to the peer is covered by a verified block), the widened ranges are
-// coalesced and read with O_DIRECT in staging-buffer-sized windows, up to the
-// queue depth in flight. Windows are consumed in file order, so each item's
-// hasher sees its bytes in order whatever order the reads complete in. A
-// mismatch fails the whole read with DataLoss naming file, item and byte
-// range.
+// Each stored item is read at most once: its deliveries (byte ranges of the
+// item, each to one peer address: the runs of a reshard, and the same bytes
+// for several local ranks) are served from that one read. The range an item
+// needs is widened to whole checksum blocks (so every byte handed to a peer
+// is covered by a verified block), the widened ranges are coalesced and read
+// with O_DIRECT in staging-buffer-sized windows, up to the queue depth in
+// flight. Windows are consumed in file order, so each item's hasher sees its
+// bytes in order whatever order the reads complete in; each window's
+// deliveries go out as one batched write per destination. A mismatch fails
+// the whole read with DataLoss naming file, item and byte range.
 //
 // Ownership: borrows everything passed to Read. Thread-safety: one call at a
 // time per object.
@@ -26,25 +29,30 @@
 
 namespace ckpt {
 
-// One range of one stored item to deliver.
+// Bytes [begin, end) of an item, to `remote` in `destination`.
+struct Delivery {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  MemorySource* destination = nullptr;
+  uint64_t remote = 0;  // peer address for byte `begin`
+};
+
+// One stored item to read, and where its bytes go.
 struct ItemRead {
   std::string fqn;                 // for error messages
   uint64_t item_file_offset = 0;   // where the item's bytes start in the file
   uint64_t item_length = 0;
   const uint64_t* block_xxh3 = nullptr;  // the item's block checksums
   size_t block_count = 0;
-  uint64_t begin = 0;              // range within the item
-  uint64_t end = 0;
-  uint64_t remote = 0;             // peer address for byte `begin`
+  std::vector<Delivery> deliveries;  // non-empty, within [0, item_length)
 };
 
 struct ShardReadRequest {
   std::string path;
   uint64_t file_size = 0;
   uint64_t checksum_block_bytes = 0;
-  // Sorted by item_file_offset; widened ranges must not overlap.
+  // Sorted by item_file_offset, one per item.
   std::vector<ItemRead> items;
-  MemorySource* destination = nullptr;
 };
 
 class ShardReader {

@@ -205,6 +205,7 @@ class ShardFixture {
   const std::string& source(size_t i) const { return sources_[i]; }
   StagingPool* pool() { return pool_.get(); }
   MemorySource* memory() { return &memory_; }
+  void set_destination(MemorySource* destination) { destination_ = destination; }
   uint64_t ItemOffset(size_t i) const {
     return layout_.data_start + layout_.data_offsets[i];
   }
@@ -248,9 +249,7 @@ class ShardFixture {
     r.item_length = entries_[i].length;
     r.block_xxh3 = written.block_xxh3[i].data();
     r.block_count = written.block_xxh3[i].size();
-    r.begin = begin;
-    r.end = end;
-    r.remote = Addr(destination);
+    r.deliveries.push_back({begin, end, destination_, Addr(destination)});
     return r;
   }
 
@@ -260,7 +259,6 @@ class ShardFixture {
     req.file_size = layout_.file_size;
     req.checksum_block_bytes = kBlockBytes;
     req.items = std::move(items);
-    req.destination = &memory_;
     return req;
   }
 
@@ -293,6 +291,7 @@ class ShardFixture {
   std::vector<std::string> sources_;
   std::unique_ptr<StagingPool> pool_;
   HostProcessMemory memory_{::getpid()};
+  MemorySource* destination_ = &memory_;  // where reads deliver
 };
 
 // The checks shared by the pwrite and io_uring round trips.
@@ -592,8 +591,8 @@ TEST_CASE("ShardReader returns a failing destination's error", "[shard_io]") {
   const ShardWriteResult written = f.WriteOrFail(queue.get());
   FailingSource destination(0, 3);
   std::vector<std::string> got;
+  f.set_destination(&destination);
   ShardReadRequest req = f.ReadAllRequest(written, &got);
-  req.destination = &destination;
 
   ShardReader reader(f.pool(), queue.get());
   const absl::Status status = reader.Read(req).status();
