@@ -156,6 +156,19 @@ absl::Status CheckpointStore::RemoveNodePart(
   return absl::OkStatus();
 }
 
+absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
+                                              absl::string_view checkpoint) const {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
+  const std::string dir = CheckpointDir(job, checkpoint);
+  const std::string commit = absl::StrCat(dir, "/", kCommitFileName);
+  if (::unlink(commit.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoToStatus(errno, absl::StrCat("remove ", commit));
+  }
+  RETURN_IF_ERROR(DefaultFileOps().FsyncDir(dir));
+  return RemoveTree(dir);
+}
+
 absl::StatusOr<std::string> CheckpointStore::ResolveLatest(
     absl::string_view job) const {
   RETURN_IF_ERROR(ValidateStorageName(job, "job"));

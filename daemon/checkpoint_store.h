@@ -55,6 +55,10 @@ class CheckpointStore {
   absl::StatusOr<v1::Manifest> ReadNodeManifest(absl::string_view job,
                                                 absl::string_view checkpoint,
                                                 uint32_t node_id) const;
+  // Deletes a committed checkpoint: COMMIT first (durably), so readers stop
+  // seeing it atomically, then its files.
+  absl::Status DeleteCommitted(absl::string_view job, absl::string_view checkpoint) const;
+
   // Removes what one node wrote for an uncommitted checkpoint (`files` and
   // its manifest), then the directory if that left it empty.
   absl::Status RemoveNodePart(absl::string_view job, absl::string_view checkpoint,

@@ -42,6 +42,9 @@ struct DaemonOptions {
   // several ranks need are read once) until every local rank has asked or
   // this long after the first request.
   uint64_t load_batch_ms = 200;
+  // Retention: after a checkpoint commits, keep the newest `keep_last`
+  // committed checkpoints of its job and delete older ones; 0 keeps all.
+  uint32_t keep_last = 0;
 };
 
 }  // namespace ckpt

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/box.h"
+#include "common/names.h"
 #include "common/status.h"
 #include "daemon/dtype.h"
 #include "daemon/save_plan.h"
@@ -44,8 +45,11 @@ struct RoundRun {
   std::mutex mu;
   std::atomic<size_t> pending_files{0};
   std::atomic<uint64_t> bytes_read{0};
+  CheckpointLeases* leases = nullptr;  // set while a lease is held
+  std::string job, checkpoint;
 
   void Finish() {
+    if (leases != nullptr) leases->Release(job, checkpoint);
     for (Entry& e : entries) {
       if (!e.status.ok()) {
         e.done(e.status);
@@ -152,10 +156,26 @@ absl::Status PlanRequest(
   return absl::OkStatus();
 }
 
+// Resolves "latest", leases the checkpoint and reads its COMMIT.
+absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStore& store,
+                                             CheckpointLeases& leases) {
+  const v1::LoadRequest& head = run.entries.front().request;
+  std::string name = head.checkpoint();
+  if (name == kLatestAlias) {
+    ASSIGN_OR_RETURN(name, store.ResolveLatest(head.job()));
+  }
+  RETURN_IF_ERROR(ValidateStorageName(head.job(), "job"));
+  RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
+  RETURN_IF_ERROR(leases.Acquire(head.job(), name));
+  run.leases = &leases;
+  run.job = head.job();
+  run.checkpoint = name;
+  return store.ReadCommit(head.job(), name);
+}
+
 void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
-              StagingPool* pool, IoWorkers* workers) {
-  const v1::LoadRequest& head = run->entries.front().request;
-  auto record = store->ReadCommit(head.job(), head.checkpoint());
+              StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases) {
+  auto record = OpenForRead(*run, *store, *leases);
   if (!record.ok()) {
     for (auto& e : run->entries) e.status = record.status();
     run->Finish();
@@ -242,8 +262,8 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
 }  // namespace
 
 Loader::Loader(const DaemonOptions& options, const CheckpointStore* store,
-               StagingPool* pool, IoWorkers* workers)
-    : options_(options), store_(store), pool_(pool), workers_(workers) {
+               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases)
+    : options_(options), store_(store), pool_(pool), workers_(workers), leases_(leases) {
   batcher_ = std::thread([this] { Batch(); });
 }
 
@@ -320,7 +340,8 @@ void Loader::Launch(std::vector<Request> requests) {
     run->entries.push_back(
         {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}});
   }
-  workers_->Post([run, this](IoQueue&) { RunRound(run, store_, pool_, workers_); });
+  workers_->Post(
+      [run, this](IoQueue&) { RunRound(run, store_, pool_, workers_, leases_); });
 }
 
 }  // namespace ckpt

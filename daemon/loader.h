@@ -1,8 +1,9 @@
 // Loader: restores committed checkpoints into sessions' registered memory,
 // resharding to whatever boxes the ranks ask for.
 //
-// Requests for the same checkpoint from a node's ranks are gathered into a
-// round, which starts once every local rank of the job has asked or
+// A round holds a lease on its checkpoint while it reads (so retention
+// cannot delete it underneath). Requests for the same checkpoint from a
+// node's ranks are gathered into a round, which starts once every local rank of the job has asked or
 // load_batch_ms after the first request. A round resolves the checkpoint
 // once (COMMIT or LATEST), plans each request by intersecting its
 // destination boxes with the stored chunks of the same fqn (common/box.h),
@@ -30,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt/v1/control.pb.h"
+#include "daemon/checkpoint_leases.h"
 #include "daemon/checkpoint_store.h"
 #include "daemon/daemon_options.h"
 #include "daemon/io_workers.h"
@@ -43,7 +45,7 @@ class Loader {
   using Done = std::function<void(absl::StatusOr<v1::LoadResponse>)>;
 
   Loader(const DaemonOptions& options, const CheckpointStore* store,
-         StagingPool* pool, IoWorkers* workers);
+         StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases);
   ~Loader();  // stops the batching thread; queued rounds still run
 
   // Queues the load; `done` receives the result.
@@ -68,6 +70,7 @@ class Loader {
   const CheckpointStore* const store_;
   StagingPool* const pool_;
   IoWorkers* const workers_;
+  CheckpointLeases* const leases_;
 
   std::mutex mu_;
   std::condition_variable wake_;

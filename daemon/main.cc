@@ -40,6 +40,9 @@ ABSL_FLAG(uint64_t, commit_timeout_ms, kDefaults.commit_timeout_ms,
 ABSL_FLAG(uint64_t, load_batch_ms, kDefaults.load_batch_ms,
           "how long loads of one checkpoint wait for this node's other ranks, "
           "so bytes several ranks need are read once");
+ABSL_FLAG(uint32_t, keep_last, kDefaults.keep_last,
+          "keep the newest N committed checkpoints per job, delete older ones "
+          "after each commit (0: keep all)");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
 int main(int argc, char** argv) {
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   options.nodes = absl::GetFlag(FLAGS_nodes);
   options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
   options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
+  options.keep_last = absl::GetFlag(FLAGS_keep_last);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "daemon/durable_file.h"
 #include "daemon/node_manifest.h"
+#include "daemon/retention.h"
 
 namespace ckpt {
 namespace {
@@ -37,11 +38,13 @@ std::string Key(absl::string_view job, absl::string_view name) {
 
 SaveCoordinator::SaveCoordinator(const DaemonOptions& options,
                                  const CheckpointStore* store,
-                                 StagingPool* pool, IoWorkers* workers)
+                                 StagingPool* pool, IoWorkers* workers,
+                                 CheckpointLeases* leases)
     : options_(options),
       store_(store),
       pool_(pool),
       workers_(workers),
+      leases_(leases),
       limiter_(options.write_rate_limit),
       commit_(store) {
   watcher_ = std::thread([this] { WatchCommits(); });
@@ -336,13 +339,17 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
     }
   }
   Notify(notify);
-  if (committed.ok() && *committed) {
-    SetPhase(*cp, v1::PHASE_COMMITTED);
+  if (!committed.ok() || !*committed) return;
+  SetPhase(*cp, v1::PHASE_COMMITTED);
+  {
     std::lock_guard lock(mu_);
     cp->final_phase = v1::PHASE_COMMITTED;
     MaybeRetireLocked(cp);
-    LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
   }
+  LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
+  // Only now is there a newer committed checkpoint to make room for.
+  auto deleted = ApplyRetention(*store_, *leases_, cp->job, options_.keep_last);
+  if (!deleted.ok()) LogWarning("retention: ", deleted.status().ToString());
 }
 
 void SaveCoordinator::SetPhase(Checkpoint& cp, v1::Phase phase) {

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "ckpt/v1/control.pb.h"
+#include "daemon/checkpoint_leases.h"
 #include "daemon/checkpoint_store.h"
 #include "daemon/commit_protocol.h"
 #include "daemon/daemon_options.h"
@@ -52,7 +53,7 @@ class SaveCoordinator {
       std::function<void(const v1::SaveProgress& progress, uint64_t version)>;
 
   SaveCoordinator(const DaemonOptions& options, const CheckpointStore* store,
-                  StagingPool* pool, IoWorkers* workers);
+                  StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases);
   ~SaveCoordinator();  // stops the commit watcher
 
   // Validates and queues this rank's part; returns its save id.
@@ -153,6 +154,7 @@ class SaveCoordinator {
   const CheckpointStore* const store_;
   StagingPool* const pool_;
   IoWorkers* const workers_;
+  CheckpointLeases* const leases_;
   RateLimiter limiter_;
   CommitProtocol commit_;
   std::atomic<uint64_t> tensor_bytes_written_{0};

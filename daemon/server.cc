@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/checkpoint_leases.h"
 #include "daemon/checkpoint_store.h"
 #include "daemon/io_workers.h"
 #include "daemon/loader.h"
@@ -56,9 +57,11 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   auto workers = std::make_unique<IoWorkers>(options.io_workers,
                                              options.queue_depth, *pool);
   CheckpointStore store(options.root);
+  CheckpointLeases leases;
   auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
-                                                 workers.get());
-  auto loader = std::make_unique<Loader>(options, &store, pool.get(), workers.get());
+                                                 workers.get(), &leases);
+  auto loader =
+      std::make_unique<Loader>(options, &store, pool.get(), workers.get(), &leases);
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
