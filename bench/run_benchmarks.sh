@@ -50,6 +50,10 @@ echo "$latency"
 big=$(build/bench/ckpt-loadgen --socket "$socket" --job big --ranks $ranks \
   --tensors 1000 --bytes-per-rank $per_rank --saves 3 --restore | tail -n 1)
 echo "$big"
+# Saved by 4 ranks, restored by 3 (a reshard): bytes read vs checkpoint size.
+reshard=$(build/bench/ckpt-loadgen --socket "$socket" --job reshard --ranks $ranks \
+  --tensors 64 --bytes-per-rank $((256 << 20)) --restore --load-ranks 3 | tail -n 1)
+echo "$reshard"
 
 kill $daemon; wait $daemon 2>/dev/null || true
 trap - EXIT
@@ -82,10 +86,10 @@ trap - EXIT
 
 build/bench/ckpt-plan-bench --dir "$dir"
 
-python3 - "$fio_write" "$fio_read" "$latency" "$big" <<'PY'
+python3 - "$fio_write" "$fio_read" "$latency" "$big" "$reshard" <<'PY'
 import json, sys
 fio_w, fio_r = float(sys.argv[1]), float(sys.argv[2])
-lat, big = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+lat, big, reshard = json.loads(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5])
 pool = big["staging_pool_bytes"]
 print(json.dumps({
   "save_call_ms_p50_1rank_1000_tensors": lat["save_call_ms_p50"],
@@ -98,5 +102,8 @@ print(json.dumps({
   "restore_over_fio_read": round(big["restore_gbps"] / fio_r, 3),
   "daemon_peak_rss_over_pool_mib": round((big["daemon_peak_rss_bytes"] - pool) / 2**20, 1),
   "verified": big["verified"],
+  "reshard_4_to_3_read_over_checkpoint": reshard["read_over_unique"],
+  "reshard_4_to_3_restore_over_fio_read": round(reshard["restore_gbps"] / fio_r, 3),
+  "reshard_verified": reshard["verified"],
 }))
 PY
