@@ -88,6 +88,7 @@ struct RankResult {
   uint64_t bytes = 0;
   double restore_s = 0;
   uint64_t bytes_read = 0;  // of this rank's load round
+  int source = 0;           // of its load: 0 storage, 1 memory, 2 mixed
   double define_layout_ms = 0;
   std::vector<double> save_call_ms, staged_s, durable_s, committed_s;
 };
@@ -109,7 +110,7 @@ std::string StepName(uint32_t step) { return absl::StrFormat("step-%08u", step);
 
 std::string Encode(const RankResult& r) {
   std::string s = absl::StrCat(r.ok ? 1 : 0, " ", r.verified ? 1 : 0, " ", r.bytes,
-                               " ", r.restore_s, " ", r.bytes_read, " ",
+                               " ", r.restore_s, " ", r.bytes_read, " ", r.source, " ",
                                r.define_layout_ms, " ", r.save_call_ms.size());
   for (size_t i = 0; i < r.save_call_ms.size(); ++i) {
     absl::StrAppend(&s, " ", r.save_call_ms[i], " ", r.staged_s[i], " ",
@@ -122,11 +123,11 @@ bool Decode(const std::string& line, RankResult* r) {
   std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
   size_t n = 0;
   int ok = 0, verified = 0;
-  if (f.size() < 7 || !absl::SimpleAtoi(f[0], &ok) ||
+  if (f.size() < 8 || !absl::SimpleAtoi(f[0], &ok) ||
       !absl::SimpleAtoi(f[1], &verified) || !absl::SimpleAtoi(f[2], &r->bytes) ||
       !absl::SimpleAtod(f[3], &r->restore_s) || !absl::SimpleAtoi(f[4], &r->bytes_read) ||
-      !absl::SimpleAtod(f[5], &r->define_layout_ms) ||
-      !absl::SimpleAtoi(f[6], &n) || f.size() != 7 + 4 * n) {
+      !absl::SimpleAtoi(f[5], &r->source) || !absl::SimpleAtod(f[6], &r->define_layout_ms) ||
+      !absl::SimpleAtoi(f[7], &n) || f.size() != 8 + 4 * n) {
     return false;
   }
   r->ok = ok;
@@ -134,7 +135,7 @@ bool Decode(const std::string& line, RankResult* r) {
   for (size_t i = 0; i < n; ++i) {
     double v[4];
     for (int j = 0; j < 4; ++j) {
-      if (!absl::SimpleAtod(f[7 + 4 * i + j], &v[j])) return false;
+      if (!absl::SimpleAtod(f[8 + 4 * i + j], &v[j])) return false;
     }
     r->save_call_ms.push_back(v[0]);
     r->staged_s.push_back(v[1]);
@@ -274,6 +275,7 @@ absl::Status LoadRank(const Args& args, uint32_t rank, RankResult* out) {
   ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, m.client->Load(std::move(request)));
   out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
   out->bytes_read = response.bytes_read();
+  out->source = response.source() == "memory" ? 1 : response.source() == "mixed" ? 2 : 0;
 
   // What the saving job held: every shard of every tensor, once.
   const auto tensors = ckpt::bench::GlobalTensors(args.layout);
@@ -554,6 +556,15 @@ int main(int argc, char** argv) {
   }
   uint64_t bytes_read = 0;
   for (uint64_t n : node_read) bytes_read += n;
+  bool any_memory = false, all_memory = !loads.empty();
+  for (const RankResult& r : loads) {
+    any_memory = any_memory || r.source != 0;
+    all_memory = all_memory && r.source == 1;
+  }
+  const char* source = !args.restore  ? ""
+                       : all_memory   ? "memory"
+                       : any_memory   ? "mixed"
+                                      : "storage";
   const uint64_t unique =
       ckpt::bench::UniqueBytes(ckpt::bench::GlobalTensors(args.layout));
   std::vector<uint64_t> per_node;
@@ -586,7 +597,7 @@ int main(int argc, char** argv) {
       durable, committed, durable > 0 ? bytes_written / durable / 1e9 : 0.0,
       args.restore ? load.world : 0, args.restore ? load.replicas : 0, restore,
       restore > 0 ? loaded_bytes / restore / 1e9 : 0.0,
-      args.restore ? "storage" : "", static_cast<unsigned long long>(bytes_read),
+      source, static_cast<unsigned long long>(bytes_read),
       unique > 0 ? static_cast<double>(bytes_read) / unique : 0.0, b(verified),
       static_cast<unsigned long long>(after.peak_rss),
       static_cast<unsigned long long>(after.pool), after.backend.c_str());

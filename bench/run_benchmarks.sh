@@ -13,6 +13,7 @@
 #   bench/run_benchmarks.sh [DIR]        (default: a new directory in /tmp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 scripts/build.sh >/dev/null
 
 dir="${1:-$(mktemp -d /tmp/ckptd-bench-XXXXXX)}"
@@ -39,10 +40,7 @@ build/daemon/ckptd --socket "$socket" --root "$dir/root" --pool_bytes $pool \
   >"$dir/ckptd.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  build/client/ckptctl --socket "$socket" status >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_for_daemon "$socket"
 
 latency=$(build/bench/ckpt-loadgen --socket "$socket" --job latency --ranks 1 \
   --tensors 1000 --bytes-per-rank $((256 << 20)) --saves 20 | tail -n 1)
@@ -58,6 +56,19 @@ echo "$reshard"
 kill $daemon; wait $daemon 2>/dev/null || true
 trap - EXIT
 
+# The in-memory tier: the same 2 GiB checkpoint, restored by fresh rank
+# processes (restarted trainers) from the daemon's RAM.
+build/daemon/ckptd --socket "$socket" --root "$dir/tier-root" --pool_bytes $pool \
+  --keep_in_memory_bytes $((3 << 30)) >"$dir/ckptd-tier.log" 2>&1 &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
+wait_for_daemon "$socket"
+tier=$(build/bench/ckpt-loadgen --socket "$socket" --job tier --ranks $ranks \
+  --tensors 1000 --bytes-per-rank $per_rank --restore | tail -n 1)
+echo "$tier"
+kill $daemon; wait $daemon 2>/dev/null || true
+trap - EXIT
+
 # Four nodes on one machine: one daemon each, one shared storage root.
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null || true' EXIT
@@ -66,12 +77,7 @@ for n in 0 1 2 3; do
     --pool_bytes $((256 << 20)) --node_id $n --nodes 4 >"$dir/node$n.log" 2>&1 &
   pids+=($!)
 done
-for n in 0 1 2 3; do
-  for _ in $(seq 100); do
-    build/client/ckptctl --socket "$dir/node$n.sock" status >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-done
+for n in 0 1 2 3; do wait_for_daemon "$dir/node$n.sock"; done
 multi() {  # job layout ranks-per-node replicas bytes-per-rank
   build/bench/ckpt-loadgen --socket "$dir/node{node}.sock" --job "$1" --nodes 4 \
     --ranks-per-node "$3" --replicas "$4" --layout "$2" --bytes-per-rank "$5" \
@@ -86,10 +92,10 @@ trap - EXIT
 
 build/bench/ckpt-plan-bench --dir "$dir"
 
-python3 - "$fio_write" "$fio_read" "$latency" "$big" "$reshard" <<'PY'
+python3 - "$fio_write" "$fio_read" "$latency" "$big" "$reshard" "$tier" <<'PY'
 import json, sys
 fio_w, fio_r = float(sys.argv[1]), float(sys.argv[2])
-lat, big, reshard = json.loads(sys.argv[3]), json.loads(sys.argv[4]), json.loads(sys.argv[5])
+lat, big, reshard, tier = (json.loads(a) for a in sys.argv[3:7])
 pool = big["staging_pool_bytes"]
 print(json.dumps({
   "save_call_ms_p50_1rank_1000_tensors": lat["save_call_ms_p50"],
@@ -105,5 +111,8 @@ print(json.dumps({
   "reshard_4_to_3_read_over_checkpoint": reshard["read_over_unique"],
   "reshard_4_to_3_restore_over_fio_read": round(reshard["restore_gbps"] / fio_r, 3),
   "reshard_verified": reshard["verified"],
+  "memory_tier_restore_gbps": tier["restore_gbps"],
+  "memory_tier_restore_source": tier["restore_source"],
+  "memory_tier_verified": tier["verified"],
 }))
 PY

@@ -45,6 +45,10 @@ struct DaemonOptions {
   // Retention: after a checkpoint commits, keep the newest `keep_last`
   // committed checkpoints of its job and delete older ones; 0 keeps all.
   uint32_t keep_last = 0;
+  // In-memory tier: RAM for this node's files of recent checkpoints, so a
+  // restarted trainer restores from memory; 0 turns it off. Separate from
+  // (and in addition to) the staging pool.
+  uint64_t keep_in_memory_bytes = 0;
 };
 
 }  // namespace ckpt

@@ -47,6 +47,8 @@ struct RoundRun {
   std::atomic<uint64_t> bytes_read{0};
   CheckpointLeases* leases = nullptr;  // set while a lease is held
   std::string job, checkpoint;
+  std::vector<std::shared_ptr<const FileImage>> images;  // read from memory
+  std::atomic<size_t> files_from_memory{0};
 
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
@@ -56,7 +58,10 @@ struct RoundRun {
         continue;
       }
       e.response.set_bytes_read(bytes_read.load());
-      e.response.set_source("storage");
+      const size_t from_memory = files_from_memory.load();
+      e.response.set_source(from_memory == 0              ? "storage"
+                            : from_memory == files.size() ? "memory"
+                                                          : "mixed");
       e.done(std::move(e.response));
     }
   }
@@ -174,7 +179,8 @@ absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStor
 }
 
 void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
-              StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases) {
+              StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+              const MemoryTier* tier) {
   auto record = OpenForRead(*run, *store, *leases);
   if (!record.ok()) {
     for (auto& e : run->entries) e.status = record.status();
@@ -223,6 +229,12 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       req.path = absl::StrCat(dir, "/", file.name());
       req.file_size = file.size();
       req.checksum_block_bytes = index.checksum_block_bytes();
+      auto image = tier->Find(index.job(), index.checkpoint(), file.name(), file.size());
+      if (image != nullptr) {
+        req.memory_image = image->data();
+        run->images.push_back(std::move(image));
+        ++run->files_from_memory;
+      }
     }
     ItemRead read;
     read.fqn = c.fqn();
@@ -262,8 +274,14 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
 }  // namespace
 
 Loader::Loader(const DaemonOptions& options, const CheckpointStore* store,
-               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases)
-    : options_(options), store_(store), pool_(pool), workers_(workers), leases_(leases) {
+               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+               const MemoryTier* tier)
+    : options_(options),
+      store_(store),
+      pool_(pool),
+      workers_(workers),
+      leases_(leases),
+      tier_(tier) {
   batcher_ = std::thread([this] { Batch(); });
 }
 
@@ -341,7 +359,7 @@ void Loader::Launch(std::vector<Request> requests) {
         {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}});
   }
   workers_->Post(
-      [run, this](IoQueue&) { RunRound(run, store_, pool_, workers_, leases_); });
+      [run, this](IoQueue&) { RunRound(run, store_, pool_, workers_, leases_, tier_); });
 }
 
 }  // namespace ckpt

@@ -10,7 +10,8 @@
 // and merges the plans: every stored chunk any rank needs becomes one
 // ItemRead whose deliveries fan out to all of them, so each byte is read from
 // storage once per round. Data files are read in parallel on the I/O
-// workers (ShardReader verifies every block); the last file to finish
+// workers (ShardReader verifies every block), from the in-memory tier where
+// it holds the file; the last file to finish
 // completes the requests. A request that is invalid, or whose file fails,
 // fails alone; the others proceed.
 //
@@ -35,6 +36,7 @@
 #include "daemon/checkpoint_store.h"
 #include "daemon/daemon_options.h"
 #include "daemon/io_workers.h"
+#include "daemon/memory_tier.h"
 #include "daemon/session.h"
 #include "daemon/staging_pool.h"
 
@@ -45,7 +47,8 @@ class Loader {
   using Done = std::function<void(absl::StatusOr<v1::LoadResponse>)>;
 
   Loader(const DaemonOptions& options, const CheckpointStore* store,
-         StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases);
+         StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+         const MemoryTier* tier);
   ~Loader();  // stops the batching thread; queued rounds still run
 
   // Queues the load; `done` receives the result.
@@ -71,6 +74,7 @@ class Loader {
   StagingPool* const pool_;
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
+  const MemoryTier* const tier_;
 
   std::mutex mu_;
   std::condition_variable wake_;

@@ -43,6 +43,9 @@ ABSL_FLAG(uint64_t, load_batch_ms, kDefaults.load_batch_ms,
 ABSL_FLAG(uint32_t, keep_last, kDefaults.keep_last,
           "keep the newest N committed checkpoints per job, delete older ones "
           "after each commit (0: keep all)");
+ABSL_FLAG(uint64_t, keep_in_memory_bytes, kDefaults.keep_in_memory_bytes,
+          "RAM for this node's files of recent checkpoints, so a restarted "
+          "trainer restores from memory (0: off)");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
 int main(int argc, char** argv) {
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
   options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
   options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
   options.keep_last = absl::GetFlag(FLAGS_keep_last);
+  options.keep_in_memory_bytes = absl::GetFlag(FLAGS_keep_in_memory_bytes);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.

@@ -39,12 +39,13 @@ std::string Key(absl::string_view job, absl::string_view name) {
 SaveCoordinator::SaveCoordinator(const DaemonOptions& options,
                                  const CheckpointStore* store,
                                  StagingPool* pool, IoWorkers* workers,
-                                 CheckpointLeases* leases)
+                                 CheckpointLeases* leases, MemoryTier* tier)
     : options_(options),
       store_(store),
       pool_(pool),
       workers_(workers),
       leases_(leases),
+      tier_(tier),
       limiter_(options.write_rate_limit),
       commit_(store) {
   watcher_ = std::thread([this] { WatchCommits(); });
@@ -209,6 +210,9 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     req.source = part->session->memory();
     req.cancelled = &part->cancelled;
     req.limiter = &limiter_;
+    const std::shared_ptr<FileImage> image =
+        tier_->Reserve(cp.job, cp.name, file.name, file.layout.file_size);
+    if (image != nullptr) req.capture = image->data();
     req.on_progress = [&](const ShardWriteProgress& progress) {
       Notifications notify;
       {
@@ -340,6 +344,7 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
   }
   Notify(notify);
   if (!committed.ok() || !*committed) return;
+  tier_->MarkCommitted(cp->job, cp->name);
   SetPhase(*cp, v1::PHASE_COMMITTED);
   {
     std::lock_guard lock(mu_);
@@ -349,7 +354,11 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
   LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
   // Only now is there a newer committed checkpoint to make room for.
   auto deleted = ApplyRetention(*store_, *leases_, cp->job, options_.keep_last);
-  if (!deleted.ok()) LogWarning("retention: ", deleted.status().ToString());
+  if (!deleted.ok()) {
+    LogWarning("retention: ", deleted.status().ToString());
+    return;
+  }
+  for (const std::string& name : *deleted) tier_->Drop(cp->job, name);
 }
 
 void SaveCoordinator::SetPhase(Checkpoint& cp, v1::Phase phase) {
@@ -453,6 +462,7 @@ void SaveCoordinator::MaybeRetireLocked(const std::shared_ptr<Checkpoint>& cp) {
     part->results.clear();
   }
   if (cp->final_phase == v1::PHASE_COMMITTED) return;
+  tier_->Drop(cp->job, cp->name);
   // Once the node manifest is out, a node that sees every manifest may be
   // committing with these files right now: leave them to `ckptctl gc`.
   if (cp->manifest_written) {

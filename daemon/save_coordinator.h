@@ -39,6 +39,7 @@
 #include "daemon/commit_protocol.h"
 #include "daemon/daemon_options.h"
 #include "daemon/io_workers.h"
+#include "daemon/memory_tier.h"
 #include "daemon/rate_limiter.h"
 #include "daemon/save_plan.h"
 #include "daemon/session.h"
@@ -53,7 +54,8 @@ class SaveCoordinator {
       std::function<void(const v1::SaveProgress& progress, uint64_t version)>;
 
   SaveCoordinator(const DaemonOptions& options, const CheckpointStore* store,
-                  StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases);
+                  StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+                  MemoryTier* tier);
   ~SaveCoordinator();  // stops the commit watcher
 
   // Validates and queues this rank's part; returns its save id.
@@ -155,6 +157,7 @@ class SaveCoordinator {
   StagingPool* const pool_;
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
+  MemoryTier* const tier_;
   RateLimiter limiter_;
   CommitProtocol commit_;
   std::atomic<uint64_t> tensor_bytes_written_{0};

@@ -58,10 +58,11 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
                                              options.queue_depth, *pool);
   CheckpointStore store(options.root);
   CheckpointLeases leases;
+  MemoryTier tier(options.keep_in_memory_bytes);
   auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
-                                                 workers.get(), &leases);
-  auto loader =
-      std::make_unique<Loader>(options, &store, pool.get(), workers.get(), &leases);
+                                                 workers.get(), &leases, &tier);
+  auto loader = std::make_unique<Loader>(options, &store, pool.get(), workers.get(),
+                                         &leases, &tier);
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
@@ -71,7 +72,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
           }));
 
   CkptdService service({&options, sessions.get(), saves.get(), loader.get(), &store,
-                        pool.get(), workers.get(), workers->backend()});
+                        pool.get(), workers.get(), &tier, workers->backend()});
   ::unlink(options.socket.c_str());  // a stale socket of a previous run
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options.socket),

@@ -231,6 +231,7 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_node_id(c_.options->node_id);
   response->set_nodes(c_.options->nodes);
   response->set_tensor_bytes_written(c_.saves->tensor_bytes_written());
+  response->set_memory_tier_bytes(c_.tier->used_bytes());
   return Finish(context, absl::OkStatus());
 }
 

@@ -15,6 +15,7 @@
 #include "daemon/daemon_options.h"
 #include "daemon/io_workers.h"
 #include "daemon/loader.h"
+#include "daemon/memory_tier.h"
 #include "daemon/save_coordinator.h"
 #include "daemon/session.h"
 #include "daemon/staging_pool.h"
@@ -33,6 +34,7 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     const CheckpointStore* store;
     StagingPool* pool;
     IoWorkers* workers;
+    const MemoryTier* tier;
     std::string io_backend;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}

@@ -104,11 +104,67 @@ class ItemSink {
   uint64_t fed_ = 0;
 };
 
-}  // namespace
+// Consumes windows of the file in file order: feeds each item's hasher,
+// queues the item's deliveries, and sends them, one batched write per
+// destination per window (a block's bytes go out before it is verified: a
+// mismatch fails the whole load, whose memory is then not to be used).
+class WindowConsumer {
+ public:
+  explicit WindowConsumer(const ShardReadRequest& req) : req_(req) {}
 
-absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
+  // `data` holds file bytes [offset, offset + bytes); `length` is what was
+  // asked for (bytes < length only at the end of the file).
+  absl::Status Consume(const char* data, uint64_t offset, uint64_t length,
+                       uint64_t bytes) {
+    outbox_.clear();
+    absl::Status status = FeedItems(data, offset, length, bytes);
+    for (auto& [destination, spans] : outbox_) {
+      if (status.ok()) status = destination->Write(spans);
+    }
+    return status;
+  }
+
+  // After the last window: every item must have been seen whole.
+  absl::Status Finish() const {
+    if (next_item_ == req_.items.size()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(req_.path, " ended before item ",
+                                            req_.items[next_item_].fqn,
+                                            " was complete (truncated file?)"));
+  }
+
+ private:
+  absl::Status FeedItems(const char* data, uint64_t offset, uint64_t length,
+                         uint64_t bytes) {
+    const uint64_t valid_end = offset + bytes;
+    while (next_item_ < req_.items.size()) {
+      if (!sink_) sink_.emplace(req_.items[next_item_], req_.checksum_block_bytes, req_.path);
+      if (sink_->span().begin >= valid_end) break;
+      bool complete = false;
+      RETURN_IF_ERROR(sink_->Consume(data, offset, bytes, &outbox_, &complete));
+      if (!complete) {
+        if (sink_->span().end > valid_end && bytes < length) {
+          return absl::DataLossError(absl::StrCat(
+              req_.path, " ends at ", valid_end, " inside item ",
+              req_.items[next_item_].fqn, " (truncated file?)"));
+        }
+        break;
+      }
+      sink_.reset();
+      ++next_item_;
+    }
+    return absl::OkStatus();
+  }
+
+  const ShardReadRequest& req_;
+  size_t next_item_ = 0;
+  std::optional<ItemSink> sink_;
+  Outbox outbox_;
+};
+
+// The segments to read: each item's needed range widened to whole checksum
+// blocks, aligned for O_DIRECT, coalesced. Checks the request as it goes.
+absl::StatusOr<std::vector<Span>> Segments(const ShardReadRequest& req) {
   const uint64_t block = req.checksum_block_bytes;
-  // Coalesce widened ranges into aligned segments to read.
   std::vector<Span> segments;
   for (size_t i = 0; i < req.items.size(); ++i) {
     const ItemRead& item = req.items[i];
@@ -134,7 +190,32 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
       segments.push_back(s);
     }
   }
+  return segments;
+}
+
+// The memory-image path: the same windows, served from RAM.
+absl::Status ReadImage(const ShardReadRequest& req, const std::vector<Span>& segments,
+                       uint64_t window_bytes) {
+  WindowConsumer consumer(req);
+  for (const Span& segment : segments) {
+    for (uint64_t at = segment.begin; at < segment.end; at += window_bytes) {
+      const uint64_t length = std::min(window_bytes, segment.end - at);
+      const uint64_t bytes = at >= req.file_size ? 0 : std::min(length, req.file_size - at);
+      RETURN_IF_ERROR(consumer.Consume(req.memory_image + at, at, length, bytes));
+    }
+  }
+  return consumer.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
+  ASSIGN_OR_RETURN(std::vector<Span> segments, Segments(req));
   if (segments.empty()) return 0;
+  if (req.memory_image != nullptr) {
+    RETURN_IF_ERROR(ReadImage(req, segments, pool_->buffer_bytes()));
+    return 0;
+  }
 
   UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", req.path));
@@ -143,8 +224,7 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   std::deque<Window> windows;  // submitted, in file order
   size_t seg = 0;
   uint64_t next_offset = segments[0].begin;
-  size_t next_item = 0;
-  std::optional<ItemSink> sink;
+  WindowConsumer consumer(req);
   uint64_t bytes_read = 0;
   absl::Status error;
   std::vector<IoPipeline::Finished> finished;
@@ -182,42 +262,6 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
     return absl::OkStatus();
   };
 
-  // Feeds a completed window to the items it covers, in order, queueing
-  // their deliveries.
-  auto consume_items = [&](const Window& w, Outbox* outbox) -> absl::Status {
-    const uint64_t valid_end = w.offset + w.bytes;
-    while (next_item < req.items.size()) {
-      if (!sink) sink.emplace(req.items[next_item], block, req.path);
-      if (sink->span().begin >= valid_end) break;
-      bool complete = false;
-      RETURN_IF_ERROR(sink->Consume(w.buffer.data, w.offset, w.bytes, outbox,
-                                    &complete));
-      if (!complete) {
-        if (sink->span().end > valid_end && w.bytes < w.length) {
-          return absl::DataLossError(absl::StrCat(
-              req.path, " ends at ", valid_end, " inside item ",
-              req.items[next_item].fqn, " (truncated file?)"));
-        }
-        break;
-      }
-      sink.reset();
-      ++next_item;
-    }
-    return absl::OkStatus();
-  };
-  // ... then sends the window's deliveries, one batched write per
-  // destination (a block's bytes go out before it is verified: a mismatch
-  // fails the whole load, whose memory is then not to be used).
-  Outbox outbox;
-  auto consume = [&](const Window& w) -> absl::Status {
-    outbox.clear();
-    absl::Status status = consume_items(w, &outbox);
-    for (auto& [destination, spans] : outbox) {
-      if (status.ok()) status = destination->Write(spans);
-    }
-    return status;
-  };
-
   error = submit_more();
   while (error.ok() && !windows.empty()) {
     finished.clear();
@@ -232,7 +276,8 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
       bytes_read += f.bytes;
     }
     while (error.ok() && !windows.empty() && windows.front().done) {
-      error = consume(windows.front());
+      const Window& w = windows.front();
+      error = consumer.Consume(w.buffer.data, w.offset, w.length, w.bytes);
       pool_->Release(windows.front().buffer);
       windows.pop_front();
     }
@@ -245,11 +290,7 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   }
   for (const Window& w : windows) pool_->Release(w.buffer);
   RETURN_IF_ERROR(error);
-  if (next_item != req.items.size()) {
-    return absl::DataLossError(absl::StrCat(
-        req.path, " ended before item ", req.items[next_item].fqn,
-        " was complete (truncated file?)"));
-  }
+  RETURN_IF_ERROR(consumer.Finish());
   return bytes_read;
 }
 

@@ -53,12 +53,15 @@ struct ShardReadRequest {
   uint64_t checksum_block_bytes = 0;
   // Sorted by item_file_offset, one per item.
   std::vector<ItemRead> items;
+  // Optional: the file's bytes already in memory (a MemoryTier image of
+  // file_size bytes); read from there instead of the file, verified alike.
+  const char* memory_image = nullptr;
 };
 
 class ShardReader {
  public:
   ShardReader(StagingPool* pool, IoQueue* queue) : pool_(pool), queue_(queue) {}
-  // Returns the number of bytes read from storage.
+  // Returns the number of bytes read from storage (0 from a memory image).
   absl::StatusOr<uint64_t> Read(const ShardReadRequest& request);
 
  private:

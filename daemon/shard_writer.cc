@@ -142,6 +142,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
       result.block_xxh3[entry++] = hasher.Finish();
     }
     const uint64_t filled = window_end - window;
+    if (req.capture != nullptr) std::memcpy(req.capture + window, buffer.data, filled);
     const uint64_t padded = AlignUp(filled);
     std::memset(buffer.data + filled, 0, padded - filled);
     progress.bytes_staged += filled;

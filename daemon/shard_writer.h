@@ -46,6 +46,9 @@ struct ShardWriteRequest {
   MemorySource* source = nullptr;
   const std::atomic<bool>* cancelled = nullptr;
   RateLimiter* limiter = nullptr;  // optional write rate cap
+  // Optional: each staged window is also copied here (a MemoryTier image of
+  // at least file_size bytes).
+  char* capture = nullptr;
   // Called after each window is staged and after each write completes.
   std::function<void(const ShardWriteProgress&)> on_progress;
   // Called once, when every source byte is in a staging buffer.

@@ -4,6 +4,7 @@
 # ckptctl's view, and stops the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 scripts/build.sh
 
 work="${CKPT_DEMO_DIR:-$(mktemp -d /tmp/ckptd-demo-XXXXXX)}"
@@ -13,10 +14,7 @@ build/daemon/ckptd --socket "$socket" --root "$work/checkpoints" \
   >"$work/ckptd.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  build/client/ckptctl --socket "$socket" status >/dev/null 2>&1 && break
-  sleep 0.1
-done
+wait_for_daemon "$socket"
 
 echo "== 4 trainer ranks x 64 MiB, 2 saves, then restore and verify"
 build/bench/ckpt-loadgen --socket "$socket" --job demo --ranks 4 \

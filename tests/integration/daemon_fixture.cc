@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/ckpt_client.h"
 
@@ -175,6 +176,17 @@ std::string JsonField(const std::string& out, const std::string& key) {
   std::string value = out.substr(begin, end - begin);
   if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
   return value;
+}
+
+}  // namespace ckpt::testing
+
+namespace ckpt::testing {
+
+double JsonNumber(const std::string& out, const std::string& key) {
+  double v = 0;
+  INFO(key << " in " << out);
+  REQUIRE(absl::SimpleAtod(JsonField(out, key), &v));
+  return v;
 }
 
 }  // namespace ckpt::testing

@@ -77,5 +77,7 @@ class Cluster {
 // The value of "key" in the last line of `out` if it is a flat JSON object
 // (numbers, true/false, strings), as text; "" if absent.
 std::string JsonField(const std::string& out, const std::string& key);
+// JsonField as a number; fails the test if it is not one.
+double JsonNumber(const std::string& out, const std::string& key);
 
 }  // namespace ckpt::testing

@@ -13,11 +13,6 @@
 namespace ckpt::testing {
 namespace {
 
-double Field(const std::string& out, const std::string& key) {
-  double v = 0;
-  REQUIRE(absl::SimpleAtod(JsonField(out, key), &v));
-  return v;
-}
 
 struct Scenario {
   const char* name;
@@ -55,7 +50,7 @@ TEST_CASE("every unique chunk is written exactly once and restores bit-exact "
   REQUIRE(run.exit_code == 0);
   CHECK(JsonField(run.out, "verified") == "true");
   // Every layout includes a scalar that every rank holds: stored once too.
-  CHECK(Field(run.out, "bytes_written") == Field(run.out, "unique_bytes"));
+  CHECK(JsonNumber(run.out, "bytes_written") == JsonNumber(run.out, "unique_bytes"));
   CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/COMMIT"));
   for (uint32_t n = 0; n < scenario.nodes; ++n) {
     CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/node-000" +
@@ -74,8 +69,8 @@ TEST_CASE("no node writes more than 1.10x its ideal share of a Llama-style "
   const ProcessResult run = Loadgen(cluster, "llama", scenario, {});
   INFO(run.out);
   REQUIRE(run.exit_code == 0);
-  CHECK(Field(run.out, "bytes_written") == Field(run.out, "unique_bytes"));
-  CHECK(Field(run.out, "max_node_share_over_ideal") <= 1.10);
+  CHECK(JsonNumber(run.out, "bytes_written") == JsonNumber(run.out, "unique_bytes"));
+  CHECK(JsonNumber(run.out, "max_node_share_over_ideal") <= 1.10);
 }
 
 TEST_CASE("a node killed mid-save leaves the checkpoint uncommitted and the "

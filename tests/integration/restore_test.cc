@@ -18,11 +18,6 @@
 namespace ckpt::testing {
 namespace {
 
-double Field(const std::string& out, const std::string& key) {
-  double v = 0;
-  REQUIRE(absl::SimpleAtod(JsonField(out, key), &v));
-  return v;
-}
 
 ProcessResult SaveThenLoad(const std::string& socket, const std::string& job,
                            std::vector<std::string> extra) {
@@ -38,7 +33,7 @@ void CheckVerifiedOnce(const ProcessResult& run) {
   REQUIRE(run.exit_code == 0);
   CHECK(JsonField(run.out, "verified") == "true");
   // Each stored byte is read once, however the ranks slice it.
-  CHECK(Field(run.out, "read_over_unique") <= 1.05);
+  CHECK(JsonNumber(run.out, "read_over_unique") <= 1.05);
 }
 
 }  // namespace
@@ -210,6 +205,39 @@ TEST_CASE("retention keeps the newest checkpoints while saves and loads of "
   CHECK(std::find(committed.begin(), committed.end(), "step-5") != committed.end());
   CHECK(committed.size() <= 3);
   CHECK(std::find(committed.begin(), committed.end(), "step-1") == committed.end());
+}
+
+}  // namespace ckpt::testing
+
+namespace ckpt::testing {
+
+TEST_CASE("a trainer restarted on the same node restores from the daemon's "
+          "memory tier, and from storage once the daemon restarted",
+          "[integration][restore][memory-tier]") {
+  DaemonProcess daemon({"--keep_in_memory_bytes", std::to_string(64 << 20)});
+  {
+    TestRank trainer(daemon.socket(), "job", 4, 1 << 20);
+    trainer.Fill(1);
+    auto save = trainer.client().Save(trainer.SaveRequestFor("step-1"));
+    REQUIRE(save.ok());
+    REQUIRE((*save)->WaitCommitted().ok());
+  }  // the trainer process goes away
+  {
+    TestRank restarted(daemon.socket(), "job", 4, 1 << 20);
+    auto load = restarted.client().Load(restarted.LoadRequestFor("latest"));
+    REQUIRE(load.ok());
+    CHECK(load->source() == "memory");
+    CHECK(load->bytes_read() == 0);
+    CHECK(restarted.Holds(1));
+  }
+  daemon.Kill();
+  daemon.Restart();
+  TestRank after(daemon.socket(), "job", 4, 1 << 20);
+  auto load = after.client().Load(after.LoadRequestFor("latest"));
+  REQUIRE(load.ok());
+  CHECK(load->source() == "storage");
+  CHECK(load->bytes_read() >= 4u << 20);
+  CHECK(after.Holds(1));
 }
 
 }  // namespace ckpt::testing

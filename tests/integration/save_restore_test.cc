@@ -18,11 +18,6 @@
 namespace ckpt::testing {
 namespace {
 
-uint64_t Number(const std::string& out, const std::string& key) {
-  uint64_t n = 0;
-  REQUIRE(absl::SimpleAtoi(JsonField(out, key), &n));
-  return n;
-}
 
 }  // namespace
 
@@ -39,11 +34,11 @@ TEST_CASE("four client processes save and restore 1 GiB bit-exact through a "
   CHECK(JsonField(run.out, "verified") == "true");
   // 1 GiB of sharded tensors plus the 8-byte scalar every rank holds, which
   // is stored once.
-  CHECK(Number(run.out, "unique_bytes") == 4 * (256ull << 20) + 8);
-  CHECK(Number(run.out, "bytes_written") == Number(run.out, "unique_bytes"));
+  CHECK(JsonNumber(run.out, "unique_bytes") == 4 * (256ull << 20) + 8);
+  CHECK(JsonNumber(run.out, "bytes_written") == JsonNumber(run.out, "unique_bytes"));
   // Invariant 5: memory stays bounded by the pool while 16x the pool streams.
-  const uint64_t pool = Number(run.out, "staging_pool_bytes");
-  CHECK(Number(run.out, "daemon_peak_rss_bytes") <= pool + (64ull << 20));
+  const uint64_t pool = JsonNumber(run.out, "staging_pool_bytes");
+  CHECK(JsonNumber(run.out, "daemon_peak_rss_bytes") <= pool + (64ull << 20));
 
   const std::string dir = daemon.root() + "/big/step-00000001";
   CHECK(std::filesystem::exists(dir + "/COMMIT"));

@@ -1,0 +1,77 @@
+// MemoryTier: recent checkpoints' data files kept in daemon RAM, so that a
+// trainer restarting on the same node restores at memory speed.
+//
+// While a part is written, ShardWriter copies each staged window into a
+// file image reserved here (Reserve); the images of a checkpoint become
+// readable only once it commits (MarkCommitted), and are dropped if it
+// fails (Drop). Loads ask for an image by file (Find) and read it instead
+// of the file, verifying every block as from storage. The tier holds at
+// most `budget` bytes: reserving room for a new checkpoint evicts the
+// oldest other checkpoints' images that no load is using; if that is not
+// enough, the file is simply not kept. The staging pool and the tier are
+// separate, fixed budgets, so together they bound the daemon's memory.
+//
+// Thread-safety: all methods may be called from any thread. An image stays
+// valid while the shared_ptr Find or Reserve returned is held.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+
+namespace ckpt {
+
+class FileImage {
+ public:
+  explicit FileImage(uint64_t size);  // anonymous mapping; data() null on failure
+  ~FileImage();
+  FileImage(const FileImage&) = delete;
+  FileImage& operator=(const FileImage&) = delete;
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  const uint64_t size_;
+};
+
+class MemoryTier {
+ public:
+  explicit MemoryTier(uint64_t budget) : budget_(budget) {}
+
+  // An image of `size` bytes for a data file being written, or null when
+  // the tier is off or has no room.
+  std::shared_ptr<FileImage> Reserve(const std::string& job, const std::string& checkpoint,
+                                     const std::string& file, uint64_t size);
+  // The checkpoint committed: its images may be read.
+  void MarkCommitted(const std::string& job, const std::string& checkpoint);
+  // The checkpoint failed or was deleted: forget its images.
+  void Drop(const std::string& job, const std::string& checkpoint);
+  // A committed checkpoint's image of `file` whose size is `size`, or null.
+  std::shared_ptr<const FileImage> Find(const std::string& job, const std::string& checkpoint,
+                                        const std::string& file, uint64_t size) const;
+
+  uint64_t used_bytes() const;
+
+ private:
+  struct Checkpoint {
+    uint64_t sequence = 0;  // reservation order: lower is older
+    bool committed = false;
+    std::map<std::string, std::shared_ptr<FileImage>> files;
+  };
+  static std::string Key(const std::string& job, const std::string& checkpoint) {
+    return job + "/" + checkpoint;
+  }
+
+  const uint64_t budget_;
+  mutable std::mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt
