@@ -271,6 +271,9 @@ absl::Status LoadRank(const Args& args, uint32_t rank, RankResult* out) {
   request.set_checkpoint(StepName(last));
   *request.mutable_tensors() = m.items;
   request.add_byte_items("trainer.rng");
+  // Restarted ranks load together, as after a job restart: time the load,
+  // not the others' start-up.
+  if (!g_barriers->step.Wait()) return absl::AbortedError("another rank failed");
   const auto t0 = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, m.client->Load(std::move(request)));
   out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
@@ -516,6 +519,10 @@ int main(int argc, char** argv) {
   std::vector<RankResult> loads;
   const ckpt::bench::LayoutSpec load = args.LoadLayout();
   if (args.restore && all_ok) {
+    if (!g_barriers->step.Init(load.world)) {
+      std::fprintf(stderr, "cannot set up process-shared barriers\n");
+      return 1;
+    }
     all_ok = RunWave(
         load.world, [&](uint32_t rank, RankResult* r) { return LoadRank(args, rank, r); },
         [] {}, &loads);

@@ -241,3 +241,34 @@ TEST_CASE("a trainer restarted on the same node restores from the daemon's "
 }
 
 }  // namespace ckpt::testing
+
+namespace ckpt::testing {
+
+TEST_CASE("trainer processes that die after STAGED and start again restore "
+          "from the memory tier",
+          "[integration][restore][memory-tier]") {
+  DaemonProcess daemon({"--keep_in_memory_bytes", std::to_string(64 << 20)});
+  const std::vector<std::string> base = {LOADGEN_BINARY, "--socket", daemon.socket(),
+                                         "--job", "job", "--ranks", "2", "--tensors", "8",
+                                         "--bytes-per-rank", std::to_string(8 << 20)};
+  std::vector<std::string> crash = base;
+  crash.push_back("--exit-after-staged");
+  const ProcessResult saved = RunProcess(crash);
+  INFO(saved.out);
+  REQUIRE(saved.exit_code == 0);
+  for (int i = 0; i < 200 && !std::filesystem::exists(daemon.root() +
+                                                     "/job/step-00000001/COMMIT");
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::vector<std::string> restart = base;
+  for (const char* a : {"--saves", "0", "--first-step", "2", "--restore"}) restart.push_back(a);
+  const ProcessResult restored = RunProcess(restart);
+  INFO(restored.out);
+  REQUIRE(restored.exit_code == 0);
+  CHECK(JsonField(restored.out, "verified") == "true");
+  CHECK(JsonField(restored.out, "restore_source") == "memory");
+  CHECK(JsonNumber(restored.out, "bytes_read") == 0);
+}
+
+}  // namespace ckpt::testing
