@@ -142,13 +142,7 @@ std::vector<Chunk> ChunksOfRank(const LayoutSpec& spec,
   return out;
 }
 
-uint64_t UniqueBytes(const std::vector<Tensor>& tensors) {
-  uint64_t total = 0;
-  for (const Tensor& t : tensors) {
-    total += Numel(t.shape) * ElementBytes(t.dtype);
-  }
-  return total;
-}
+uint64_t UniqueBytes(const std::vector<Tensor>& tensors) { return TensorBytes(tensors); }
 
 uint64_t ChunkSeed(const Chunk& chunk, uint32_t step) {
   const std::string key = absl::StrCat(chunk.fqn, "@", absl::StrJoin(chunk.offsets, ","));

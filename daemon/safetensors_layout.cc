@@ -189,11 +189,5 @@ absl::StatusOr<SafetensorsLayout> BuildSafetensorsLayout(
   return layout;
 }
 
-std::string DataFileName(uint32_t rank, uint32_t index, uint32_t count) {
-  // DCP's _gen_file_name with shard_index = rank + 1 (its prepare_global_plan
-  // numbers ranks from 1); zfill(5) pads but never truncates, like %05d.
-  return absl::StrFormat("shard-%05d-model-%05d-of-%05d.safetensors",
-                         static_cast<uint64_t>(rank) + 1, index, count);
-}
 
 }  // namespace ckpt

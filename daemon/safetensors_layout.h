@@ -48,8 +48,5 @@ struct SafetensorsLayout {
 absl::StatusOr<SafetensorsLayout> BuildSafetensorsLayout(
     absl::Span<const SafetensorsEntry> entries);
 
-// DCP's data file name: shard-<rank+1>-model-<index>-of-<count>.safetensors,
-// each number zero-padded to five digits.
-std::string DataFileName(uint32_t rank, uint32_t index, uint32_t count);
 
 }  // namespace ckpt

@@ -1,4 +1,4 @@
-// Tests for BuildSafetensorsLayout / DataFileName and the dtype table.
+// Tests for BuildSafetensorsLayout and the dtype table.
 //
 // The produced headers are decoded with the strict JSON parser in
 // support/strict_json.h, independently of the writer, and checked against
@@ -512,27 +512,6 @@ TEST_CASE("Every DType has its safetensors name and element size", "[dtype]") {
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE(
-    "DataFileName follows DCP's shard-model-of pattern with 1-based "
-    "shard numbers",
-    "[safetensors]") {
-  CHECK(DataFileName(0, 1, 1) ==
-        "shard-00001-model-00001-of-00001.safetensors");
-  CHECK(DataFileName(6, 2, 4) ==
-        "shard-00007-model-00002-of-00004.safetensors");
-  CHECK(DataFileName(12344, 10, 99) ==
-        "shard-12345-model-00010-of-00099.safetensors");
-}
-
-TEST_CASE(
-    "DataFileName widens numbers past five digits instead of "
-    "truncating",
-    "[safetensors]") {
-  CHECK(DataFileName(99999, 1, 100000) ==
-        "shard-100000-model-00001-of-100000.safetensors");
-  CHECK(DataFileName(UINT32_MAX, 1, 1) ==
-        "shard-4294967296-model-00001-of-00001.safetensors");
-}
 
 }  // namespace
 }  // namespace ckpt
