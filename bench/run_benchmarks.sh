@@ -91,6 +91,8 @@ kill "${pids[@]}"; wait 2>/dev/null || true
 trap - EXIT
 
 build/bench/ckpt-plan-bench --dir "$dir"
+# The checkpoints are several GiB; keep only the logs.
+rm -rf "$dir/root" "$dir/shared" "$dir/tier-root"
 
 python3 - "$fio_write" "$fio_read" "$latency" "$big" "$reshard" "$tier" <<'PY'
 import json, sys
