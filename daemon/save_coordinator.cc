@@ -1,6 +1,5 @@
 #include "daemon/save_coordinator.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +12,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "daemon/durable_file.h"
+#include "daemon/garbage_collector.h"
 #include "daemon/node_manifest.h"
 #include "daemon/retention.h"
 
@@ -402,33 +402,11 @@ void SaveCoordinator::WatchCommits() {
 
 absl::StatusOr<std::vector<std::string>> SaveCoordinator::CollectGarbage(
     absl::string_view job) {
-  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, store_->List(job));
-  std::map<std::string, int64_t> newest;  // job -> newest commit time
-  for (const auto& info : all) {
-    if (info.committed()) {
-      int64_t& t = newest[info.job()];
-      t = std::max(t, info.committed_unix_micros());
-    }
-  }
-  std::vector<std::string> removed;
-  for (const auto& info : all) {
-    auto it = newest.find(info.job());
-    if (info.committed() || it == newest.end()) continue;
-    const std::string key = Key(info.job(), info.checkpoint());
-    const std::string dir = store_->CheckpointDir(info.job(), info.checkpoint());
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) continue;
-    const int64_t modified = int64_t{st.st_mtim.tv_sec} * 1'000'000 + st.st_mtim.tv_nsec / 1000;
-    if (modified >= it->second) continue;  // may still be in progress elsewhere
+  return ckpt::CollectGarbage(*store_, job, [this](const std::string& j,
+                                                   const std::string& name) {
     std::lock_guard lock(mu_);
-    if (checkpoints_.contains(key) || store_->IsCommitted(info.job(), info.checkpoint())) {
-      continue;
-    }
-    RETURN_IF_ERROR(RemoveTree(dir));
-    LogInfo("gc: removed uncommitted ", key);
-    removed.push_back(key);
-  }
-  return removed;
+    return checkpoints_.contains(Key(j, name));
+  });
 }
 
 void SaveCoordinator::EndCheckpointLocked(Checkpoint& cp, v1::Phase phase,
