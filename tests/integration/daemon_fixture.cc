@@ -61,7 +61,12 @@ void DaemonProcess::Start() {
   std::vector<std::string> args = {CKPTD_BINARY, "--socket", socket_, "--root", root_,
                                    "--pool_bytes", std::to_string(64 << 20),
                                    "--buffer_bytes", std::to_string(4 << 20),
-                                   "--io_workers", "4"};
+                                   "--io_workers", "4",
+                                   // A loaded test machine can delay a rank's
+                                   // load by more than the 200 ms default;
+                                   // rounds still start as soon as every
+                                   // local rank asked.
+                                   "--load_batch_ms", "5000"};
   args.insert(args.end(), flags_.begin(), flags_.end());
   const std::string log = dir_ + "/ckptd.log";
   pid_ = fork();
