@@ -404,7 +404,8 @@ DaemonReport QueryDaemons(const Args& args) {
   close(fds[0]);
   if (pid > 0) waitpid(pid, nullptr, 0);
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
-    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    // The backend name (last) may contain spaces.
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 3));
     uint64_t written = 0;
     if (f.size() != 4 || !absl::SimpleAtoi(f[0], &written)) continue;
     report.written.push_back(written);
