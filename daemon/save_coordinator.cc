@@ -305,7 +305,7 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<Checkpoint>& cp) {
     cp->manifest_written = true;
     cp->durable_at = std::chrono::steady_clock::now();
   }
-  SetPhase(*cp, v1::PHASE_DURABLE);
+  SetPhase(cp, v1::PHASE_DURABLE);
   TryCommit(cp);
 }
 
@@ -345,12 +345,7 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
   Notify(notify);
   if (!committed.ok() || !*committed) return;
   tier_->MarkCommitted(cp->job, cp->name);
-  SetPhase(*cp, v1::PHASE_COMMITTED);
-  {
-    std::lock_guard lock(mu_);
-    cp->final_phase = v1::PHASE_COMMITTED;
-    MaybeRetireLocked(cp);
-  }
+  SetPhase(cp, v1::PHASE_COMMITTED);
   LogInfo("checkpoint ", Key(cp->job, cp->name), " committed");
   // Only now is there a newer committed checkpoint to make room for.
   auto deleted = ApplyRetention(*store_, *leases_, cp->job, options_.keep_last);
@@ -361,17 +356,23 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
   for (const std::string& name : *deleted) tier_->Drop(cp->job, name);
 }
 
-void SaveCoordinator::SetPhase(Checkpoint& cp, v1::Phase phase) {
+void SaveCoordinator::SetPhase(const std::shared_ptr<Checkpoint>& cp, v1::Phase phase) {
   Notifications notify;
   {
     std::lock_guard lock(mu_);
-    if (cp.final_phase != v1::PHASE_UNSPECIFIED) return;
+    if (cp->final_phase != v1::PHASE_UNSPECIFIED) return;
     const int64_t now = NowMicros();
-    for (auto& [rank, part] : cp.parts) {
+    for (auto& [rank, part] : cp->parts) {
       part->progress.set_phase(phase);
       if (phase == v1::PHASE_DURABLE) part->progress.set_durable_unix_micros(now);
       if (phase == v1::PHASE_COMMITTED) part->progress.set_committed_unix_micros(now);
       PublishLocked(*part, /*force=*/true, &notify);
+    }
+    if (phase == v1::PHASE_COMMITTED) {
+      // Retired before anyone hears of the commit: a client that saw
+      // COMMITTED never finds the save still in flight.
+      cp->final_phase = v1::PHASE_COMMITTED;
+      MaybeRetireLocked(cp);
     }
   }
   Notify(notify);

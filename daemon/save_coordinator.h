@@ -137,7 +137,7 @@ class SaveCoordinator {
   void FinishNode(const std::shared_ptr<Checkpoint>& checkpoint);
   // One commit attempt; ends the checkpoint on success, error or timeout.
   void TryCommit(const std::shared_ptr<Checkpoint>& checkpoint);
-  void SetPhase(Checkpoint& checkpoint, v1::Phase phase);
+  void SetPhase(const std::shared_ptr<Checkpoint>& checkpoint, v1::Phase phase);
   void WatchCommits();
   // Marks the checkpoint failed/cancelled and cancels its parts.
   void EndCheckpointLocked(Checkpoint& checkpoint, v1::Phase phase,

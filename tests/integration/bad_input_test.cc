@@ -83,8 +83,12 @@ TEST_CASE("a save id of another session cannot be watched or cancelled",
   cancel.set_checkpoint("mine");
   v1::CancelResponse response;
   grpc::ClientContext context;
+  // A client that saw COMMITTED never finds the save still in flight.
   ExpectError(FromGrpc(stub->Cancel(&context, cancel, &response), "Cancel"),
               absl::StatusCode::kNotFound, "no save of job/mine is in flight");
+  s.rank.Zero();
+  REQUIRE(s.rank.client().Load(s.rank.LoadRequestFor("mine")).ok());
+  CHECK(s.rank.Holds(2));
   CHECK(absl::IsNotFound(
       other.client().Load(other.LoadRequestFor("no-such-checkpoint")).status()));
 }
