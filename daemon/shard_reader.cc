@@ -35,7 +35,7 @@ Span Widen(const ItemRead& item, uint64_t block) {
   return {item.item_file_offset + b, item.item_file_offset + e};
 }
 
-// Spans to copy out of one window, batched per destination.
+// Spans to copy out of one slice, batched per destination.
 using Outbox = std::map<MemorySource*, std::vector<CopySpan>>;
 
 struct Window {
@@ -46,7 +46,19 @@ struct Window {
   uint64_t bytes = 0;   // read (less than length at end of file)
 };
 
-// Verifies and delivers one item as its widened range streams by.
+// Bytes of a window are handled in slices this small, so that each slice is
+// still in the core's cache when it is hashed after being copied out: the
+// hash then runs at cache speed instead of reading memory a second time.
+constexpr uint64_t kSliceBytes = 256 << 10;
+
+// One delivery, in file offsets.
+struct Transfer {
+  uint64_t begin, end;
+  MemorySource* destination;
+  uint64_t remote;  // peer address for byte `begin`
+};
+
+// Verifies one item as its widened range streams by.
 class ItemSink {
  public:
   ItemSink(const ItemRead& item, uint64_t block, const std::string& path)
@@ -54,25 +66,16 @@ class ItemSink {
         hasher_(block), path_(path) {}
 
   const Span& span() const { return span_; }
+  bool started() const { return fed_ > 0; }
 
-  // Consumes the part of [data, data+len) at file offset `at` that lies in
-  // this item's widened range, queueing its deliveries in `outbox`.
-  // `*complete` becomes true after the last byte.
-  absl::Status Consume(const char* data, uint64_t at, uint64_t len,
-                       Outbox* outbox, bool* complete) {
+  // Hashes the part of [data, data+len) at file offset `at` that lies in
+  // this item's widened range; `*complete` becomes true after the last byte,
+  // once every block of the item is verified.
+  absl::Status Hash(const char* data, uint64_t at, uint64_t len, bool* complete) {
     const uint64_t from = std::max(at, span_.begin + fed_);
     const uint64_t to = std::min(at + len, span_.end);
     if (from < to) {
       hasher_.Update(data + (from - at), to - from);
-      const uint64_t base = item_.item_file_offset;
-      for (const Delivery& d : item_.deliveries) {
-        const uint64_t want_from = std::max(from, base + d.begin);
-        const uint64_t want_to = std::min(to, base + d.end);
-        if (want_from >= want_to) continue;
-        (*outbox)[d.destination].push_back(
-            {d.remote + (want_from - base - d.begin),
-             const_cast<char*>(data + (want_from - at)), want_to - want_from});
-      }
       fed_ += to - from;
     }
     *complete = span_.begin + fed_ == span_.end;
@@ -104,24 +107,39 @@ class ItemSink {
   uint64_t fed_ = 0;
 };
 
-// Consumes windows of the file in file order: feeds each item's hasher,
-// queues the item's deliveries, and sends them, one batched write per
-// destination per window (a block's bytes go out before it is verified: a
-// mismatch fails the whole load, whose memory is then not to be used).
+// Consumes windows of the file in file order, slice by slice: sends each
+// slice's deliveries (one batched write per destination), then feeds the
+// slice to the hashers of the items it holds. Bytes go out before their
+// block is verified: a mismatch fails the whole load, whose memory is then
+// not to be used.
 class WindowConsumer {
  public:
-  explicit WindowConsumer(const ShardReadRequest& req) : req_(req) {}
+  explicit WindowConsumer(const ShardReadRequest& req) : req_(req) {
+    for (const ItemRead& item : req.items) {
+      for (const Delivery& d : item.deliveries) {
+        transfers_.push_back({item.item_file_offset + d.begin, item.item_file_offset + d.end,
+                              d.destination, d.remote});
+      }
+    }
+    std::stable_sort(transfers_.begin(), transfers_.end(),
+                     [](const Transfer& a, const Transfer& b) { return a.begin < b.begin; });
+  }
 
   // `data` holds file bytes [offset, offset + bytes); `length` is what was
   // asked for (bytes < length only at the end of the file).
   absl::Status Consume(const char* data, uint64_t offset, uint64_t length,
                        uint64_t bytes) {
-    outbox_.clear();
-    absl::Status status = FeedItems(data, offset, length, bytes);
-    for (auto& [destination, spans] : outbox_) {
-      if (status.ok()) status = destination->Write(spans);
+    for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
+      const uint64_t n = std::min(kSliceBytes, bytes - done);
+      RETURN_IF_ERROR(Deliver(data + done, offset + done, n));
+      RETURN_IF_ERROR(Hash(data + done, offset + done, n));
     }
-    return status;
+    if (bytes < length && sink_ && sink_->started()) {  // cut inside an item
+      return absl::DataLossError(absl::StrCat(req_.path, " ends at ", offset + bytes,
+                                              " inside item ", req_.items[next_item_].fqn,
+                                              " (truncated file?)"));
+    }
+    return absl::OkStatus();
   }
 
   // After the last window: every item must have been seen whole.
@@ -133,22 +151,37 @@ class WindowConsumer {
   }
 
  private:
-  absl::Status FeedItems(const char* data, uint64_t offset, uint64_t length,
-                         uint64_t bytes) {
-    const uint64_t valid_end = offset + bytes;
+  // Writes out the deliveries in file bytes [at, at + len): those still
+  // going from earlier slices, then those that start here. Slices come in
+  // file order, so each transfer is looked at only while it is under way.
+  absl::Status Deliver(const char* data, uint64_t at, uint64_t len) {
+    outbox_.clear();
+    auto queue = [&](const Transfer& t) {
+      const uint64_t from = std::max(t.begin, at);
+      const uint64_t to = std::min(t.end, at + len);
+      if (from < to) {
+        outbox_[t.destination].push_back(
+            {t.remote + (from - t.begin), const_cast<char*>(data + (from - at)), to - from});
+      }
+      return t.end > at + len;  // continues past this slice
+    };
+    std::erase_if(under_way_, [&](const Transfer* t) { return !queue(*t); });
+    for (; next_transfer_ < transfers_.size() && transfers_[next_transfer_].begin < at + len;
+         ++next_transfer_) {
+      if (queue(transfers_[next_transfer_])) under_way_.push_back(&transfers_[next_transfer_]);
+    }
+    for (auto& [destination, spans] : outbox_) RETURN_IF_ERROR(destination->Write(spans));
+    return absl::OkStatus();
+  }
+
+  // Feeds file bytes [at, at + len) to the items' hashers, in item order.
+  absl::Status Hash(const char* data, uint64_t at, uint64_t len) {
     while (next_item_ < req_.items.size()) {
       if (!sink_) sink_.emplace(req_.items[next_item_], req_.checksum_block_bytes, req_.path);
-      if (sink_->span().begin >= valid_end) break;
+      if (sink_->span().begin >= at + len) break;
       bool complete = false;
-      RETURN_IF_ERROR(sink_->Consume(data, offset, bytes, &outbox_, &complete));
-      if (!complete) {
-        if (sink_->span().end > valid_end && bytes < length) {
-          return absl::DataLossError(absl::StrCat(
-              req_.path, " ends at ", valid_end, " inside item ",
-              req_.items[next_item_].fqn, " (truncated file?)"));
-        }
-        break;
-      }
+      RETURN_IF_ERROR(sink_->Hash(data, at, len, &complete));
+      if (!complete) break;
       sink_.reset();
       ++next_item_;
     }
@@ -156,7 +189,10 @@ class WindowConsumer {
   }
 
   const ShardReadRequest& req_;
-  size_t next_item_ = 0;
+  std::vector<Transfer> transfers_;         // every delivery, by file offset
+  size_t next_transfer_ = 0;                // the first not yet started
+  std::vector<const Transfer*> under_way_;  // started, not finished
+  size_t next_item_ = 0;                    // the first not yet verified
   std::optional<ItemSink> sink_;
   Outbox outbox_;
 };

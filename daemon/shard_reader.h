@@ -9,9 +9,11 @@
 // is covered by a verified block), the widened ranges are coalesced and read
 // with O_DIRECT in staging-buffer-sized windows, up to the queue depth in
 // flight. Windows are consumed in file order, so each item's hasher sees its
-// bytes in order whatever order the reads complete in; each window's
-// deliveries go out as one batched write per destination. A mismatch fails
-// the whole read with DataLoss naming file, item and byte range.
+// bytes in order whatever order the reads complete in. A window is consumed
+// in cache-sized slices: a slice's deliveries go out first (one batched write
+// per destination), then the slice is hashed while it is still in the
+// core's cache, so the bytes cross memory once. A mismatch fails the whole
+// read with DataLoss naming file, item and byte range.
 //
 // Ownership: borrows everything passed to Read. Thread-safety: one call at a
 // time per object.

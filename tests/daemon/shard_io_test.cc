@@ -434,6 +434,54 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "ShardReader fans one read out to overlapping and scattered deliveries, "
+    "from the file and from a memory image",
+    "[shard_io]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  const ShardWriteResult written = f.WriteOrFail(queue.get());
+  const size_t big = f.IndexOf("c.big");
+  const std::string& source = f.source(big);
+  // Windows of 1 MiB, so that one window is consumed in several slices.
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(4 << 20, 1 << 20);
+  REQUIRE(pool.ok());
+  const std::string image = ReadWholeFile(f.path());
+  const bool from_memory = GENERATE(false, true);
+  INFO((from_memory ? "from a memory image" : "from the file"));
+
+  // The whole item; an overlapping range of it; and 10 bytes of every 1000
+  // (a gather, as when a column shard is restored), packed together.
+  std::string whole(source.size(), '\0');
+  const uint64_t begin = 100, end = 700000;
+  std::string part(end - begin, '\0');
+  std::string gathered;
+  ItemRead read = f.Range(big, written, 0, source.size(), whole.data());
+  read.deliveries.push_back({begin, end, f.memory(), Addr(part.data())});
+  std::string expected_gather;
+  for (uint64_t at = 0; at + 10 <= source.size(); at += 1000) {
+    expected_gather += source.substr(at, 10);
+  }
+  gathered.assign(expected_gather.size(), '\0');
+  for (uint64_t i = 0; i * 1000 + 10 <= source.size(); ++i) {
+    read.deliveries.push_back(
+        {i * 1000, i * 1000 + 10, f.memory(), Addr(gathered.data() + i * 10)});
+  }
+  ShardReadRequest req = f.ReadRequest({read});
+  if (from_memory) req.memory_image = image.data();
+
+  ShardReader reader(pool->get(), queue.get());
+  absl::StatusOr<uint64_t> bytes = reader.Read(req);
+  INFO(bytes.status());
+  REQUIRE(bytes.ok());
+  CHECK(*bytes == (from_memory ? 0 : AlignUp4096(f.ItemOffset(big) + source.size()) -
+                                         f.ItemOffset(big) / 4096 * 4096));
+  CHECK(whole == source);
+  CHECK(part == source.substr(begin, end - begin));
+  CHECK(gathered == expected_gather);
+  CHECK((*pool)->free_bytes() == 4 << 20);
+}
+
+TEST_CASE(
     "ShardReader reports DataLoss naming the item and the file when a "
     "byte of the item is flipped",
     "[shard_io]") {
