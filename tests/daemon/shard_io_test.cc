@@ -454,15 +454,14 @@ TEST_CASE(
   std::string whole(source.size(), '\0');
   const uint64_t begin = 100, end = 700000;
   std::string part(end - begin, '\0');
-  std::string gathered;
-  ItemRead read = f.Range(big, written, 0, source.size(), whole.data());
-  read.deliveries.push_back({begin, end, f.memory(), Addr(part.data())});
   std::string expected_gather;
   for (uint64_t at = 0; at + 10 <= source.size(); at += 1000) {
     expected_gather += source.substr(at, 10);
   }
-  gathered.assign(expected_gather.size(), '\0');
-  for (uint64_t i = 0; i * 1000 + 10 <= source.size(); ++i) {
+  std::string gathered(expected_gather.size(), '\0');
+  ItemRead read = f.Range(big, written, 0, source.size(), whole.data());
+  read.deliveries.push_back({begin, end, f.memory(), Addr(part.data())});
+  for (uint64_t i = 0; i < gathered.size() / 10; ++i) {
     read.deliveries.push_back(
         {i * 1000, i * 1000 + 10, f.memory(), Addr(gathered.data() + i * 10)});
   }
