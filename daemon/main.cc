@@ -2,6 +2,7 @@
 // server (daemon/server.h does the wiring).
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -48,8 +49,27 @@ ABSL_FLAG(uint64_t, keep_in_memory_bytes, kDefaults.keep_in_memory_bytes,
           "trainer restores from memory (0: off)");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
+namespace {
+
+// Flags may be spelled with dashes too (--keep-in-memory-bytes, as in the
+// docs of other tools): the name part of each "--flag[=value]" before a
+// bare "--" gets underscores.
+void AcceptDashedFlagNames(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (std::strcmp(arg, "--") == 0) return;
+    if (arg[0] != '-') continue;
+    for (char* c = arg + (arg[1] == '-' ? 2 : 1); *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ckptd: checkpoint sidecar daemon");
+  AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   ckpt::DaemonOptions options;
   options.socket = absl::GetFlag(FLAGS_socket);

@@ -214,7 +214,8 @@ namespace ckpt::testing {
 TEST_CASE("a trainer restarted on the same node restores from the daemon's "
           "memory tier, and from storage once the daemon restarted",
           "[integration][restore][memory-tier]") {
-  DaemonProcess daemon({"--keep_in_memory_bytes", std::to_string(64 << 20)});
+  // Spelled with dashes, as flags may be.
+  DaemonProcess daemon({"--keep-in-memory-bytes=" + std::to_string(64 << 20)});
   {
     TestRank trainer(daemon.socket(), "job", 4, 1 << 20);
     trainer.Fill(1);
@@ -247,7 +248,8 @@ namespace ckpt::testing {
 TEST_CASE("trainer processes that die after STAGED and start again restore "
           "from the memory tier",
           "[integration][restore][memory-tier]") {
-  DaemonProcess daemon({"--keep_in_memory_bytes", std::to_string(64 << 20)});
+  // Spelled with dashes, as flags may be.
+  DaemonProcess daemon({"--keep-in-memory-bytes=" + std::to_string(64 << 20)});
   const std::vector<std::string> base = {LOADGEN_BINARY, "--socket", daemon.socket(),
                                          "--job", "job", "--ranks", "2", "--tensors", "8",
                                          "--bytes-per-rank", std::to_string(8 << 20)};
