@@ -5,6 +5,7 @@
 //   ckptctl [--socket PATH] cancel JOB CHECKPOINT
 //   ckptctl [--socket PATH] gc [JOB]           remove stale uncommitted ones
 //   ckptctl [--socket PATH] verify JOB [CHECKPOINT]   check every stored byte
+//   ckptctl [--socket PATH] inspect [--json] JOB [CHECKPOINT]   the index
 //
 // Exit status: 0 on success, 1 on an error from the daemon, 2 on bad usage.
 #include <unistd.h>
@@ -15,9 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include <google/protobuf/util/json_util.h>
+
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ckpt_client.h"
@@ -32,7 +36,11 @@ constexpr char kUsage[] =
     "  gc [JOB]                remove uncommitted checkpoints older than the\n"
     "                          newest committed one\n"
     "  verify JOB [CHECKPOINT] re-read and check every stored byte (default:\n"
-    "                          latest); exits 1 on damage\n";
+    "                          latest); exits 1 on damage\n"
+    "  inspect [--json] JOB [CHECKPOINT]\n"
+    "                          files, tensor chunks and byte items of a\n"
+    "                          committed checkpoint (default: latest);\n"
+    "                          --json: the whole COMMIT record\n";
 
 std::string Bytes(double n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -159,6 +167,98 @@ int Verify(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
   return response.damage().empty() ? 0 : 1;
 }
 
+std::string DTypeName(ckpt::v1::DType dtype) {
+  const std::string& name = ckpt::v1::DType_Name(dtype);
+  return absl::StartsWith(name, "DTYPE_") ? name.substr(6) : name;
+}
+
+std::string Dims(const google::protobuf::RepeatedField<uint64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+// "3", "0-7", "0-14/2" (first-last/stride), or the listed ranks (the first
+// few of a long list and the count).
+std::string Ranks(const ckpt::v1::ReplicaSet& set) {
+  if (set.count() > 0) {
+    const uint64_t last = set.first() + uint64_t{set.stride()} * (set.count() - 1);
+    if (set.count() == 1) return absl::StrCat(set.first());
+    return absl::StrCat(set.first(), "-", last, set.stride() == 1 ? "" : "/",
+                        set.stride() == 1 ? "" : absl::StrCat(set.stride()));
+  }
+  constexpr int kShown = 8;
+  if (set.ranks_size() <= kShown) return absl::StrJoin(set.ranks(), ",");
+  return absl::StrCat(absl::StrJoin(set.ranks().begin(), set.ranks().begin() + kShown, ","),
+                      ",... (", set.ranks_size(), " ranks)");
+}
+
+std::string RenderCheckpoint(const ckpt::v1::CommitRecord& record) {
+  const ckpt::v1::Manifest& index = record.index();
+  uint64_t total = 0;
+  for (const auto& f : index.files()) total += f.size();
+  std::string out = absl::StrFormat(
+      "%s/%s  committed %s UTC  format v%u\n"
+      "%u ranks on %u node(s)  checksum block %s  %d files  %s\n",
+      index.job(), index.checkpoint(),
+      absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                       absl::FromUnixMicros(record.committed_unix_micros()),
+                       absl::UTCTimeZone()),
+      record.format_version(), index.world_size(), index.nodes(),
+      Bytes(index.checksum_block_bytes()), index.files_size(), Bytes(total));
+  absl::StrAppendFormat(&out, "\n%-5s %-56s %12s %6s  %s\n", "#", "FILE", "SIZE",
+                        "OWNER", "REPLICAS");
+  for (int i = 0; i < index.files_size(); ++i) {
+    const ckpt::v1::DataFile& f = index.files(i);
+    const std::string replicas = f.replica_set() < uint32_t(index.replica_sets_size())
+                                     ? Ranks(index.replica_sets(f.replica_set()))
+                                     : "?";
+    absl::StrAppendFormat(&out, "%-5d %-56s %12s %6u  %s\n", i, f.name(), Bytes(f.size()),
+                          f.rank(), replicas);
+  }
+  absl::StrAppendFormat(&out, "\n%-40s %-7s %-16s %-16s %-16s %12s %5s\n", "TENSOR",
+                        "DTYPE", "GLOBAL SHAPE", "OFFSETS", "LOCAL SHAPE", "BYTES", "FILE");
+  for (const auto& t : index.tensors()) {
+    absl::StrAppendFormat(&out, "%-40s %-7s %-16s %-16s %-16s %12s %5u\n", t.fqn(),
+                          DTypeName(t.dtype()), Dims(t.global_shape()), Dims(t.offsets()),
+                          Dims(t.local_shape()), Bytes(t.length()), t.file_index());
+  }
+  if (index.byte_items_size() > 0) {
+    absl::StrAppendFormat(&out, "\n%-40s %6s %12s\n", "BYTE ITEM", "RANK", "BYTES");
+    for (const auto& b : index.byte_items()) {
+      absl::StrAppendFormat(&out, "%-40s %6u %12s\n", b.fqn(), b.rank(),
+                            Bytes(b.data().size()));
+    }
+  }
+  return out;
+}
+
+int Inspect(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
+            const std::string& checkpoint, bool json) {
+  ckpt::v1::InspectRequest request;
+  request.set_job(job);
+  request.set_checkpoint(checkpoint);
+  ckpt::v1::InspectResponse response;
+  grpc::ClientContext context;
+  auto status = ckpt::FromGrpc(stub.Inspect(&context, request, &response), "inspect");
+  if (!status.ok()) return Fail(status);
+  if (!json) {
+    std::fputs(RenderCheckpoint(response.record()).c_str(), stdout);
+    return 0;
+  }
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;    // as in manifest.proto
+  options.always_print_primitive_fields = true;  // rank 0 is a rank too
+  auto converted =
+      google::protobuf::util::MessageToJsonString(response.record(), &text, options);
+  if (!converted.ok()) {
+    return Fail(absl::InternalError(absl::StrCat("inspect: to JSON: ",
+                                                 converted.message().as_string())));
+  }
+  std::fputs(text.c_str(), stdout);
+  return 0;
+}
+
 int Gc(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
   ckpt::v1::CollectGarbageRequest request;
   request.set_job(job);
@@ -205,6 +305,14 @@ int main(int argc, char** argv) {
   }
   if (command == "verify" && (args.size() == 2 || args.size() == 3)) {
     return Verify(*stub, args[1], args.size() == 3 ? args[2] : "");
+  }
+  if (command == "inspect") {
+    const bool json = args.size() > 1 && args[1] == "--json";
+    const size_t first = json ? 2 : 1;
+    if (args.size() == first + 1 || args.size() == first + 2) {
+      return Inspect(*stub, args[first], args.size() == first + 2 ? args[first + 1] : "",
+                     json);
+    }
   }
   if (command == "gc" && args.size() <= 2) {
     return Gc(*stub, args.size() == 2 ? args[1] : "");

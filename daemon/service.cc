@@ -247,6 +247,15 @@ grpc::ServerUnaryReactor* CkptdService::Verify(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CkptdService::Inspect(grpc::CallbackServerContext* context,
+                                                const v1::InspectRequest* request,
+                                                v1::InspectResponse* response) {
+  auto record = c_.store->ReadCommit(
+      request->job(), request->checkpoint().empty() ? kLatestAlias : request->checkpoint());
+  if (record.ok()) *response->mutable_record() = *std::move(record);
+  return Finish(context, record.status());
+}
+
 grpc::ServerUnaryReactor* CkptdService::CollectGarbage(
     grpc::CallbackServerContext* context, const v1::CollectGarbageRequest* request,
     v1::CollectGarbageResponse* response) {

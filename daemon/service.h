@@ -73,6 +73,9 @@ class CkptdService final : public v1::Ckptd::CallbackService {
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* Inspect(grpc::CallbackServerContext* context,
+                                    const v1::InspectRequest* request,
+                                    v1::InspectResponse* response) override;
   grpc::ServerUnaryReactor* CollectGarbage(
       grpc::CallbackServerContext* context,
       const v1::CollectGarbageRequest* request,

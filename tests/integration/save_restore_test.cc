@@ -10,8 +10,12 @@
 #include <string>
 #include <thread>
 
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "daemon/checkpoint_store.h"
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 
@@ -127,6 +131,46 @@ TEST_CASE("ckptctl shows live progress of an in-flight save and lists "
   const ProcessResult idle =
       RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
   CHECK(absl::StrContains(idle.out, "no saves in flight"));
+}
+
+TEST_CASE("ckptctl inspect shows a committed checkpoint's files, chunks and byte "
+          "items, and --json its whole COMMIT record",
+          "[integration][ckptctl]") {
+  DaemonProcess daemon;
+  TestRank rank(daemon.socket(), "inspected", 3, 1 << 20);
+  rank.Fill(1);
+  for (const char* name : {"step-1", "step-2"}) {
+    auto save = rank.client().Save(rank.SaveRequestFor(name));
+    REQUIRE(save.ok());
+    REQUIRE((*save)->WaitCommitted().ok());
+  }
+
+  const ProcessResult table =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "inspect", "inspected"});
+  INFO(table.out);
+  CHECK(table.exit_code == 0);
+  CHECK(absl::StrContains(table.out, "inspected/step-2"));  // latest by default
+  CHECK(absl::StrContains(table.out, "shard-00001-model-00001-of-00001.safetensors"));
+  for (const char* fqn : {"model.layers.0.weight", "model.layers.2.weight"}) {
+    CHECK(absl::StrContains(table.out, fqn));
+  }
+  CHECK(absl::StrContains(table.out, "F32"));
+  CHECK(absl::StrContains(table.out, "[256,1024]"));
+  CHECK(absl::StrContains(table.out, "trainer.state"));
+
+  const ProcessResult json = RunProcess(
+      {CKPTCTL_BINARY, "--socket", daemon.socket(), "inspect", "--json", "inspected", "step-1"});
+  REQUIRE(json.exit_code == 0);
+  v1::CommitRecord parsed;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(json.out, &parsed).ok());
+  auto stored = CheckpointStore(daemon.root()).ReadCommit("inspected", "step-1");
+  REQUIRE(stored.ok());
+  CHECK(google::protobuf::util::MessageDifferencer::Equals(parsed, *stored));
+
+  const ProcessResult missing = RunProcess(
+      {CKPTCTL_BINARY, "--socket", daemon.socket(), "inspect", "inspected", "step-9"});
+  CHECK(missing.exit_code == 1);
+  CHECK(absl::StrContains(missing.out, "inspected/step-9 does not exist or is not committed"));
 }
 
 }  // namespace ckpt::testing
