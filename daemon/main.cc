@@ -3,10 +3,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "common/log.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
@@ -69,6 +71,9 @@ void AcceptDashedFlagNames(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ckptd: checkpoint sidecar daemon");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return std::string("ckptd " CKPT_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
   ckpt::DaemonOptions options;

@@ -16,8 +16,6 @@
 namespace ckpt {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
-
 grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
                                  const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -219,7 +217,7 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
     grpc::CallbackServerContext* context, const v1::DaemonStatusRequest*,
     v1::DaemonStatusResponse* response) {
   response->set_pid(static_cast<uint32_t>(::getpid()));
-  response->set_version(kVersion);
+  response->set_version(CKPT_VERSION);
   response->set_root(c_.store->root());
   response->set_io_backend(c_.io_backend);
   response->set_staging_pool_bytes(c_.pool->pool_bytes());

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and runs every test (unit and integration) with ctest.
+# Builds and runs every test (unit, integration, install) with ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
