@@ -3,5 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+# The format tests read checkpoints with the project venv's packages, stock
+# PyTorch included (installed here, not by the setup: the demo needs none).
+if [ ! -x .venv/bin/python ]; then
+  echo "test.sh: no .venv here; run scripts/setup-debian.sh first" >&2
+  exit 1
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+  -r scripts/requirements-test.txt -r scripts/requirements-dcp.txt
 cd build
 ctest --output-on-failure -j1 "$@"
