@@ -182,8 +182,9 @@ std::string Ranks(const ckpt::v1::ReplicaSet& set) {
   if (set.count() > 0) {
     const uint64_t last = set.first() + uint64_t{set.stride()} * (set.count() - 1);
     if (set.count() == 1) return absl::StrCat(set.first());
-    return absl::StrCat(set.first(), "-", last, set.stride() == 1 ? "" : "/",
-                        set.stride() == 1 ? "" : absl::StrCat(set.stride()));
+    std::string out = absl::StrCat(set.first(), "-", last);
+    if (set.stride() != 1) absl::StrAppend(&out, "/", set.stride());
+    return out;
   }
   constexpr int kShown = 8;
   if (set.ranks_size() <= kShown) return absl::StrJoin(set.ranks(), ",");
