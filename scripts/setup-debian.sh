@@ -13,7 +13,7 @@ packages=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libxxhash-dev catch2
-  fio python3 python3-venv
+  fio python3 python3-venv python3-dev pybind11-dev
 )
 
 missing=()

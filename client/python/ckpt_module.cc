@@ -1,0 +1,231 @@
+// ckptd._ckpt: the Python binding of libckpt.
+//
+// The C++ client with plain Python values in place of protobuf messages:
+// tensor items are dicts (fqn, dtype name as in safetensors, global_shape,
+// offsets, local_shape, region, offset, length, replicas), byte items are
+// {fqn: bytes}. ckptd/__init__.py builds the user-facing API on top. Every
+// blocking call releases the GIL; a failed call raises ckptd._ckpt.Error,
+// whose message starts with the status code ("NOT_FOUND: ...").
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/ckpt_client.h"
+
+namespace py = pybind11;
+
+namespace {
+
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(const absl::Status& status)
+      : std::runtime_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                                        status.message())) {}
+};
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> result) {
+  Check(result.status());
+  return *std::move(result);
+}
+
+template <typename Field>
+void SetAll(Field* field, const py::list& values) {
+  for (const auto& v : values) field->Add(v.cast<uint64_t>());
+}
+
+ckpt::v1::TensorItem ToItem(const py::dict& d) {
+  ckpt::v1::TensorItem item;
+  item.set_fqn(d["fqn"].cast<std::string>());
+  ckpt::v1::DType dtype;
+  const std::string name = d["dtype"].cast<std::string>();
+  if (!ckpt::v1::DType_Parse("DTYPE_" + name, &dtype)) {
+    throw StatusError(absl::InvalidArgumentError(
+        absl::StrCat("item ", item.fqn(), ": unknown dtype '", name, "'")));
+  }
+  item.set_dtype(dtype);
+  SetAll(item.mutable_global_shape(), d["global_shape"]);
+  SetAll(item.mutable_offsets(), d["offsets"]);
+  SetAll(item.mutable_local_shape(), d["local_shape"]);
+  item.mutable_memory()->set_region_id(d["region"].cast<uint64_t>());
+  item.mutable_memory()->set_offset(d["offset"].cast<uint64_t>());
+  item.mutable_memory()->set_length(d["length"].cast<uint64_t>());
+  if (d.contains("replicas")) {
+    for (const auto& r : d["replicas"].cast<py::list>()) {
+      item.add_replica_ranks(r.cast<uint32_t>());
+    }
+  }
+  return item;
+}
+
+google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> ToItems(const py::list& items) {
+  google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> out;
+  for (const auto& i : items) *out.Add() = ToItem(i.cast<py::dict>());
+  return out;
+}
+
+py::dict ToDict(const ckpt::v1::SaveProgress& p) {
+  const std::string& phase = ckpt::v1::Phase_Name(p.phase());
+  py::dict d;
+  d["save_id"] = p.save_id();
+  d["checkpoint"] = p.checkpoint();
+  d["rank"] = p.rank();
+  d["phase"] = phase.substr(phase.find('_') + 1);  // "STAGED"
+  d["reason"] = p.reason();
+  d["total_bytes"] = p.total_bytes();
+  d["bytes_staged"] = p.bytes_staged();
+  d["bytes_written"] = p.bytes_written();
+  return d;
+}
+
+class PySaveHandle {
+ public:
+  explicit PySaveHandle(std::unique_ptr<ckpt::SaveHandle> handle)
+      : handle_(std::move(handle)) {}
+  uint64_t id() const { return handle_->id(); }
+  void WaitStaged() { Blocking([&] { return handle_->WaitStaged(); }); }
+  void WaitCommitted() { Blocking([&] { return handle_->WaitCommitted(); }); }
+  void Cancel() { Blocking([&] { return handle_->Cancel(); }); }
+  py::dict Progress() { return ToDict(handle_->progress()); }
+
+ private:
+  template <typename F>
+  static void Blocking(F f) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = f();
+    }
+    Check(status);
+  }
+  std::unique_ptr<ckpt::SaveHandle> handle_;
+};
+
+class PyClient {
+ public:
+  PyClient(const std::string& socket, const std::string& job, uint32_t rank,
+           uint32_t world_size, uint32_t node, uint32_t local_world_size) {
+    ckpt::ConnectOptions options{.socket = socket,
+                                 .job = job,
+                                 .rank = rank,
+                                 .world_size = world_size,
+                                 .node = node,
+                                 .local_world_size = local_world_size};
+    absl::StatusOr<std::unique_ptr<ckpt::Client>> client;
+    {
+      py::gil_scoped_release release;
+      client = ckpt::Client::Connect(options);
+    }
+    client_ = Value(std::move(client));
+  }
+
+  uint64_t RegisterRegion(uint64_t address, uint64_t length) {
+    py::gil_scoped_release release;
+    return Value(client_->RegisterRegion(reinterpret_cast<const void*>(address), length));
+  }
+
+  uint64_t DefineLayout(const py::list& items) {
+    auto tensors = ToItems(items);
+    py::gil_scoped_release release;
+    return Value(client_->DefineLayout(tensors));
+  }
+
+  std::unique_ptr<PySaveHandle> Save(const std::string& checkpoint, uint64_t layout_id,
+                                     const py::dict& byte_items) {
+    ckpt::v1::SaveRequest request;
+    request.set_job(client_->options().job);
+    request.set_checkpoint(checkpoint);
+    request.set_layout_id(layout_id);
+    for (const auto& [fqn, data] : byte_items) {
+      ckpt::v1::ByteItem* b = request.add_byte_items();
+      b->set_fqn(fqn.cast<std::string>());
+      b->set_data(data.cast<std::string>());
+    }
+    absl::StatusOr<std::unique_ptr<ckpt::SaveHandle>> handle;
+    {
+      py::gil_scoped_release release;
+      handle = client_->Save(std::move(request));
+    }
+    return std::make_unique<PySaveHandle>(Value(std::move(handle)));
+  }
+
+  py::dict Load(const std::string& checkpoint, const py::list& items,
+                const std::vector<std::string>& byte_items, bool allow_missing) {
+    ckpt::v1::LoadRequest request;
+    request.set_job(client_->options().job);
+    request.set_checkpoint(checkpoint);
+    *request.mutable_tensors() = ToItems(items);
+    for (const std::string& fqn : byte_items) request.add_byte_items(fqn);
+    request.set_allow_missing(allow_missing);
+    absl::StatusOr<ckpt::v1::LoadResponse> response;
+    {
+      py::gil_scoped_release release;
+      response = client_->Load(std::move(request));
+    }
+    const ckpt::v1::LoadResponse r = Value(std::move(response));
+    py::dict bytes;
+    for (const auto& b : r.byte_items()) bytes[py::str(b.fqn())] = py::bytes(b.data());
+    py::dict out;
+    out["checkpoint"] = r.checkpoint();
+    out["byte_items"] = bytes;
+    out["missing"] = std::vector<std::string>(r.missing().begin(), r.missing().end());
+    out["source"] = r.source();
+    out["bytes_read"] = r.bytes_read();
+    return out;
+  }
+
+  py::list List() {
+    absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list;
+    {
+      py::gil_scoped_release release;
+      list = client_->List(client_->options().job);
+    }
+    py::list out;
+    for (const auto& c : Value(std::move(list))) {
+      py::dict d;
+      d["checkpoint"] = c.checkpoint();
+      d["committed"] = c.committed();
+      d["latest"] = c.latest();
+      d["total_bytes"] = c.total_bytes();
+      out.append(d);
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ckpt::Client> client_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ckpt, m) {
+  m.doc() = "libckpt, the trainer-side client of ckptd (use the ckptd package)";
+  m.attr("DEFAULT_SOCKET") = ckpt::kDefaultSocket;
+  py::register_exception<StatusError>(m, "Error");
+  py::class_<PySaveHandle>(m, "SaveHandle")
+      .def_property_readonly("id", &PySaveHandle::id)
+      .def("wait_staged", &PySaveHandle::WaitStaged)
+      .def("wait_committed", &PySaveHandle::WaitCommitted)
+      .def("cancel", &PySaveHandle::Cancel)
+      .def("progress", &PySaveHandle::Progress);
+  py::class_<PyClient>(m, "Client")
+      .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint32_t,
+                    uint32_t>(),
+           py::arg("socket"), py::arg("job"), py::arg("rank"), py::arg("world_size"),
+           py::arg("node"), py::arg("local_world_size"))
+      .def("register_region", &PyClient::RegisterRegion)
+      .def("define_layout", &PyClient::DefineLayout)
+      .def("save", &PyClient::Save)
+      .def("load", &PyClient::Load)
+      .def("list", &PyClient::List);
+}

@@ -1,0 +1,202 @@
+"""ckptd: save and restore a trainer's state through the node's ckptd daemon.
+
+    import ckptd
+    client = ckptd.Client("llama", rank=rank, world_size=world)
+    handle = client.save("step-00001000", state_dict, byte_items={"rng": rng})
+    handle.wait_staged()         # before the optimizer mutates the tensors
+    ...
+    result = client.load("latest", state_dict)   # in place, any sharding
+
+A state dict maps fqns to CPU tensors (torch or numpy, contiguous), to
+DTensors (FSDP2, HSDP: the box and the replicas come from the device mesh and
+the placements; Shard and Replicate only), or to `Shard`s, which say which box
+of a global tensor the rank holds and which ranks hold identical copies (so
+that one of them writes it). A plain tensor is the whole tensor, held by
+`replicas` (default: this rank alone). Ranks are torch.distributed's global
+ranks. The daemon reads and writes the tensors' memory directly; keep them
+alive and unmoved until `wait_staged()` returns or `load()` returns.
+
+gRPC does not survive fork(): a process that forks after creating a Client
+must not use it in the child (dataloader workers that never touch it are
+fine).
+
+The save call hands the daemon references, not bytes: it returns in about a
+millisecond once the layout (fqns, shapes, addresses) has been seen; a new
+layout is defined with the daemon first.
+"""
+
+import dataclasses
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ckptd import _ckpt
+
+Error = _ckpt.Error
+DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
+
+# Element types by their safetensors names; the keys are the str() of torch
+# and numpy dtypes.
+_DTYPES = {
+    "torch.bool": "BOOL", "bool": "BOOL",
+    "torch.uint8": "U8", "uint8": "U8",
+    "torch.int8": "I8", "int8": "I8",
+    "torch.int16": "I16", "int16": "I16",
+    "torch.uint16": "U16", "uint16": "U16",
+    "torch.float16": "F16", "float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.int32": "I32", "int32": "I32",
+    "torch.uint32": "U32", "uint32": "U32",
+    "torch.float32": "F32", "float32": "F32",
+    "torch.float64": "F64", "float64": "F64",
+    "torch.int64": "I64", "int64": "I64",
+    "torch.uint64": "U64", "uint64": "U64",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The box of a global tensor that `tensor` holds on this rank."""
+
+    tensor: Any
+    global_shape: Sequence[int]
+    offsets: Sequence[int]
+    replicas: Optional[Sequence[int]] = None  # ranks with identical copies
+
+
+def _dtensor_shard(t) -> Shard:
+    """The box of a DTensor this rank holds, and the ranks holding the same."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as ShardPlacement
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh = t.device_mesh
+    me = mesh.get_coordinate()
+    if me is None:
+        raise ValueError("this rank is not in the tensor's device mesh")
+    for p in t.placements:
+        if not isinstance(p, (Replicate, ShardPlacement)):
+            raise ValueError(f"unsupported placement {p}: only Shard and Replicate")
+    local_shape, offsets = compute_local_shape_and_global_offset(
+        t.shape, mesh, t.placements)
+    # The ranks at my coordinate on every sharded mesh dim hold my box.
+    index = tuple(slice(None) if isinstance(p, Replicate) else me[d]
+                  for d, p in enumerate(t.placements))
+    local = t.to_local()
+    if tuple(local.shape) != tuple(local_shape):
+        raise ValueError(f"local shape {tuple(local.shape)} is not the mesh's "
+                         f"{tuple(local_shape)}")
+    return Shard(local, list(t.shape), list(offsets),
+                 replicas=mesh.mesh[index].flatten().tolist())
+
+
+def _as_shard(value, replicas) -> Shard:
+    if isinstance(value, Shard):
+        return value
+    if type(value).__name__ == "DTensor" and hasattr(value, "device_mesh"):
+        return _dtensor_shard(value)
+    shape = tuple(value.shape)
+    return Shard(value, shape, [0] * len(shape), replicas)
+
+
+def _memory(tensor) -> tuple:
+    """(address, length, shape, dtype name) of a contiguous CPU tensor."""
+    if hasattr(tensor, "data_ptr"):  # torch
+        if tensor.device.type != "cpu":
+            raise ValueError(f"only CPU tensors are supported, got {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError("tensors must be contiguous")
+        return (tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                tuple(tensor.shape), str(tensor.dtype))
+    if not tensor.flags["C_CONTIGUOUS"]:  # numpy
+        raise ValueError("arrays must be C-contiguous")
+    return tensor.ctypes.data, tensor.nbytes, tuple(tensor.shape), str(tensor.dtype)
+
+
+class SaveHandle:
+    """One save of this rank: wait for STAGED before mutating the tensors."""
+
+    def __init__(self, handle, keep_alive):
+        self._handle = handle
+        self._keep_alive = keep_alive  # the tensors the daemon still reads
+
+    def wait_staged(self) -> None:
+        """Returns once every byte is copied out; raises if the save failed."""
+        self._handle.wait_staged()
+        self._keep_alive = None
+
+    def wait_committed(self) -> None:
+        self._handle.wait_committed()
+        self._keep_alive = None
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def progress(self) -> dict:
+        return self._handle.progress()
+
+
+class Client:
+    """This process as one rank of a job, connected to the node's ckptd."""
+
+    def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
+                 socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0):
+        self.rank = rank
+        self._client = _ckpt.Client(socket, job, rank, world_size, node, local_world_size)
+        self._regions = {}  # (address, length) -> region id
+        self._layouts = {}  # items key -> layout id
+
+    def save(self, checkpoint: str, state_dict: Mapping[str, Any], *,
+             byte_items: Optional[Mapping[str, bytes]] = None,
+             replicas: Optional[Iterable[int]] = None) -> SaveHandle:
+        """Starts a save and returns once the daemon accepted it.
+
+        `replicas` applies to plain tensors: the ranks that hold identical
+        copies of them (all ranks, for DDP); default this rank alone.
+        """
+        items = self._items(state_dict, replicas)
+        key = tuple(tuple((k, tuple(v) if isinstance(v, list) else v)
+                          for k, v in sorted(i.items())) for i in items)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._client.define_layout(items)
+            self._layouts[key] = layout
+        handle = self._client.save(checkpoint, layout, dict(byte_items or {}))
+        return SaveHandle(handle, state_dict)
+
+    def load(self, checkpoint: str, state_dict: Mapping[str, Any], *,
+             byte_items: Iterable[str] = (), allow_missing: bool = False) -> dict:
+        """Fills the state dict's tensors in place from `checkpoint` (a name or
+        "latest"), whatever sharding saved it. Returns {checkpoint, byte_items,
+        missing, source, bytes_read}."""
+        items = self._items(state_dict, None)
+        return self._client.load(checkpoint, items, list(byte_items), allow_missing)
+
+    def list(self) -> list:
+        """This job's checkpoints: {checkpoint, committed, latest, total_bytes}."""
+        return self._client.list()
+
+    def _region(self, address: int, length: int) -> int:
+        region = self._regions.get((address, length))
+        if region is None:
+            region = self._client.register_region(address, max(length, 1))
+            self._regions[(address, length)] = region
+        return region
+
+    def _items(self, state_dict: Mapping[str, Any], replicas) -> list:
+        default_replicas = sorted(set(replicas)) if replicas is not None else [self.rank]
+        items = []
+        for fqn, value in state_dict.items():
+            shard = _as_shard(value, default_replicas)
+            address, length, shape, dtype = _memory(shard.tensor)
+            if dtype not in _DTYPES:
+                raise ValueError(f"{fqn}: unsupported dtype {dtype}")
+            items.append({
+                "fqn": fqn, "dtype": _DTYPES[dtype],
+                "global_shape": list(shard.global_shape), "offsets": list(shard.offsets),
+                "local_shape": list(shape), "region": self._region(address, length),
+                "offset": 0, "length": length,
+                "replicas": sorted(set(shard.replicas)) if shard.replicas is not None
+                else [self.rank],
+            })
+        return items

@@ -1,0 +1,211 @@
+"""Tests of the ckptd Python package against a real ckptd daemon.
+
+Run by ctest as: python -m unittest test_ckptd (in this directory), with
+PYTHONPATH holding the built package and CKPTD_BINARY the daemon to start.
+"""
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import numpy as np
+import torch
+
+import ckptd
+
+
+class Daemon:
+    """A ckptd on a temporary directory, stopped at exit."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="ckptd-py-")
+        self.socket = os.path.join(self.dir, "ckptd.sock")
+        self.log = open(os.path.join(self.dir, "ckptd.log"), "w")
+        self.process = subprocess.Popen(
+            [os.environ["CKPTD_BINARY"], "--socket", self.socket, "--root",
+             os.path.join(self.dir, "root"), "--pool_bytes", str(64 << 20),
+             "--load_batch_ms", "5000"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket + ".session"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ckptd did not start; see {self.log.name}")
+            time.sleep(0.02)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.log.close()
+        shutil.rmtree(self.dir)
+
+
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.w": torch.randn(300, 257, generator=g),
+        "model.h": torch.randn(64, 33, generator=g).to(torch.bfloat16),
+        "model.mask": torch.rand(17, generator=g) > 0.5,
+        "model.ids": torch.randint(0, 1 << 40, (5, 7), generator=g),
+        "opt.step": torch.tensor(seed, dtype=torch.int64),
+        "numpy.u16": np.arange(1000, dtype=np.uint16) * np.uint16(seed),
+    }
+
+
+def equal(a, b):
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return torch.equal(a, b)
+
+
+def zero(sd):
+    for v in sd.values():
+        v[...] = 0
+
+
+def save_rows(socket, _, rank, world, rows):
+    """Rank `rank` of 2 saves its half of a [rows, 64] tensor and one copy of
+    a replicated bias, and waits for the commit."""
+    client = ckptd.Client("sharded", rank, world, socket=socket, local_world_size=world)
+    full = torch.arange(rows * 64, dtype=torch.float32).reshape(rows, 64)
+    lo, hi = (0, rows // 2) if rank == 0 else (rows // 2, rows)
+    sd = {"w": ckptd.Shard(full[lo:hi].clone(), [rows, 64], [lo, 0]),
+          "bias": ckptd.Shard(torch.full((8,), 7.0), [8], [0], replicas=[0, 1])}
+    client.save("step-1", sd).wait_committed()
+
+
+def dtensor_rank(socket, store, rank, world, mode):
+    """One rank of a gloo job: "save" an HSDP (2 replicas x 2 shards) state of
+    DTensors, or "load" it into FSDP DTensors over 2 ranks and check them."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    try:
+        full = torch.arange(101 * 64, dtype=torch.float32).reshape(101, 64)
+        bias = torch.full((8,), 7.0)
+        client = ckptd.Client("dtensor", rank, world, socket=socket, local_world_size=world)
+        if mode == "save":
+            mesh = init_device_mesh("cpu", (2, 2))
+            sd = {"w": distribute_tensor(full, mesh, [Replicate(), Shard(0)]),
+                  "bias": distribute_tensor(bias, mesh, [Replicate(), Replicate()])}
+            client.save("step-1", sd).wait_committed()
+            return
+        mesh = init_device_mesh("cpu", (world,))
+        sd = {"w": distribute_tensor(torch.zeros(101, 64), mesh, [Shard(0)]),
+              "bias": distribute_tensor(torch.zeros(8), mesh, [Replicate()])}
+        client.load("step-1", sd)
+        want = distribute_tensor(full, mesh, [Shard(0)]).to_local()
+        if not torch.equal(sd["w"].to_local(), want) or not torch.equal(
+                sd["bias"].to_local(), bias):
+            raise AssertionError(f"rank {rank} restored other bytes")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(target, world, *args):
+    """Runs target(*args, rank, world, ...) in `world` fresh interpreters (gRPC
+    does not survive fork in a process that used it); returns exit codes."""
+    ctx = multiprocessing.get_context("spawn")
+    ranks = [ctx.Process(target=target, args=args[:2] + (r, world) + args[2:])
+             for r in range(world)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(300)
+    return [p.exitcode for p in ranks]
+
+
+class PackageTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def client(self, job, rank=0, world=1):
+        return ckptd.Client(job, rank, world, socket=self.daemon.socket)
+
+    def test_save_and_load_restores_every_dtype_bit_exact(self):
+        client = self.client("roundtrip")
+        sd = state(1)
+        expected = {k: v.copy() if isinstance(v, np.ndarray) else v.clone()
+                    for k, v in sd.items()}
+        handle = client.save("step-1", sd, byte_items={"rng": b"\x00rng\xff"})
+        handle.wait_staged()
+        handle.wait_committed()
+        self.assertEqual(handle.progress()["phase"], "COMMITTED")
+        zero(sd)
+        result = client.load("latest", sd, byte_items=["rng"])
+        self.assertEqual(result["checkpoint"], "step-1")
+        self.assertEqual(result["byte_items"], {"rng": b"\x00rng\xff"})
+        for fqn in sd:
+            self.assertTrue(equal(sd[fqn], expected[fqn]), fqn)
+
+    def test_a_second_save_reuses_the_layout_and_keeps_its_own_bytes(self):
+        client = self.client("two-saves")
+        sd = state(2)
+        client.save("a", sd).wait_staged()  # the memory may change now
+        first = sd["model.w"].clone()
+        sd["model.w"].add_(1)
+        client.save("b", sd).wait_committed()
+        self.assertEqual(len(client._layouts), 1)
+        for name, want in (("a", first), ("b", first + 1)):
+            zero(sd)
+            client.load(name, sd)
+            self.assertTrue(torch.equal(sd["model.w"], want), name)
+        self.assertEqual([c["checkpoint"] for c in client.list()], ["a", "b"])
+
+    def test_two_ranks_save_shards_and_one_rank_loads_the_whole_tensor(self):
+        self.assertEqual(run_ranks(save_rows, 2, self.daemon.socket, None, 101), [0, 0])
+        client = self.client("sharded")
+        whole = {"w": torch.zeros(101, 64), "bias": torch.zeros(8)}
+        result = client.load("step-1", whole)
+        self.assertTrue(torch.equal(
+            whole["w"], torch.arange(101 * 64, dtype=torch.float32).reshape(101, 64)))
+        self.assertTrue(torch.equal(whole["bias"], torch.full((8,), 7.0)))
+        # The replicated bias was written once: the bytes read are the two
+        # halves and one bias.
+        self.assertEqual(result["bytes_read"], 101 * 64 * 4 + 8 * 4)
+
+    def test_hsdp_dtensors_save_deduped_and_load_into_another_mesh(self):
+        store = os.path.join(self.daemon.dir, "gloo-save")
+        self.assertEqual(run_ranks(dtensor_rank, 4, self.daemon.socket, store, "save"),
+                         [0] * 4)
+        client = self.client("dtensor")
+        whole = {"w": torch.zeros(101, 64), "bias": torch.zeros(8)}
+        result = client.load("step-1", whole)
+        self.assertTrue(torch.equal(
+            whole["w"], torch.arange(101 * 64, dtype=torch.float32).reshape(101, 64)))
+        # Each replicated byte was written once.
+        self.assertEqual(result["bytes_read"], 101 * 64 * 4 + 8 * 4)
+        store = os.path.join(self.daemon.dir, "gloo-load")
+        self.assertEqual(run_ranks(dtensor_rank, 2, self.daemon.socket, store, "load"),
+                         [0, 0])
+
+    def test_bad_input_is_refused_with_a_clear_error(self):
+        client = self.client("bad")
+        with self.assertRaisesRegex(ValueError, "contiguous"):
+            client.save("x", {"t": torch.zeros(4, 4).t()})
+        with self.assertRaisesRegex(ValueError, "unsupported dtype"):
+            client.save("x", {"t": torch.zeros(4, dtype=torch.complex64)})
+        sd = {"t": torch.ones(4, 4)}
+        client.save("x", sd).wait_committed()
+        with self.assertRaisesRegex(ckptd.Error, "INVALID_ARGUMENT.*item t"):
+            client.load("x", {"t": torch.zeros(4, 5)})
+        with self.assertRaisesRegex(ckptd.Error, "NOT_FOUND"):
+            client.load("no-such", sd)
+        result = client.load("x", {"t": torch.zeros(4, 4), "u": torch.zeros(2)},
+                             allow_missing=True)
+        self.assertEqual(result["missing"], ["u"])
+
+
+if __name__ == "__main__":
+    unittest.main()
