@@ -1,16 +1,22 @@
 #include "client/ckpt_client.h"
 
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "common/status.h"
+#ifdef CKPT_HAVE_CUDA
+#include "cuda/cuda_trainer_gpu.h"
+#endif
 
 namespace ckpt {
 namespace {
@@ -121,11 +127,111 @@ absl::StatusOr<uint64_t> Client::RegisterRegion(const void* address,
   return response.region_ids(0);
 }
 
+absl::StatusOr<TrainerGpu*> Client::Gpu() {
+  if (options_.gpu != nullptr) return options_.gpu;
+#ifdef CKPT_HAVE_CUDA
+  if (own_gpu_ == nullptr) {
+    ASSIGN_OR_RETURN(own_gpu_, CudaTrainerGpu::Create());
+  }
+  return own_gpu_.get();
+#else
+  return absl::FailedPreconditionError(
+      "libckpt was built without CUDA: GPU regions need ConnectOptions.gpu");
+#endif
+}
+
+absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
+                                                    uint64_t length) {
+  ASSIGN_OR_RETURN(TrainerGpu * gpu, Gpu());
+  ASSIGN_OR_RETURN(GpuRegionExport exported, gpu->Export(address, length));
+  ASSIGN_OR_RETURN(GpuEventHandles events, gpu->Events(exported.device_uuid));
+  v1::RegisterRegionsRequest request;
+  request.set_session_token(token_);
+  v1::CudaRegion* cuda = request.add_regions()->mutable_cuda();
+  cuda->set_address(address);
+  cuda->set_length(length);
+  cuda->set_device_uuid(exported.device_uuid);
+  for (const GpuPiece& piece : exported.pieces) {
+    v1::CudaAllocation* a = cuda->add_pieces();
+    if (piece.handle.ipc_handle.empty()) {
+      a->set_peer_fd(piece.handle.peer_fd);
+    } else {
+      a->set_ipc_mem_handle(piece.handle.ipc_handle);
+    }
+    a->set_allocation_bytes(piece.allocation_bytes);
+    a->set_offset(piece.offset);
+    a->set_length(piece.length);
+  }
+  auto set_event = [](const GpuHandleRef& handle, v1::CudaEventRef* ref) {
+    if (handle.ipc_handle.empty()) {
+      ref->set_peer_fd(handle.peer_fd);
+    } else {
+      ref->set_ipc_event_handle(handle.ipc_handle);
+    }
+  };
+  set_event(events.ready, cuda->mutable_ready_event());
+  set_event(events.staged, cuda->mutable_staged_event());
+  v1::RegisterRegionsResponse response;
+  grpc::ClientContext context;
+  // The exported fds stay open until the daemon has taken its copies.
+  RETURN_IF_ERROR(FromGrpc(stub_->RegisterRegions(&context, request, &response),
+                           "RegisterRegions"));
+  if (response.region_ids_size() != 1) {
+    return absl::InternalError("RegisterRegions returned no id");
+  }
+  GpuRegistration r;
+  r.daemon_id = response.region_ids(0);
+  r.address = address;
+  r.length = length;
+  r.device_uuid = exported.device_uuid;
+  r.allocation_ids = std::move(exported.allocation_ids);
+  return r;
+}
+
+absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
+                                                   uint64_t length) {
+  std::lock_guard lock(gpu_mu_);
+  ASSIGN_OR_RETURN(GpuRegistration r, RegisterGpu(address, length));
+  const uint64_t id = r.daemon_id;
+  gpu_regions_[id] = std::move(r);
+  return id;
+}
+
+absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
+  v1::ReleaseRegionsRequest request;
+  request.set_session_token(token_);
+  {
+    std::lock_guard lock(gpu_mu_);
+    for (uint64_t id : ids) {
+      auto it = gpu_regions_.find(id);
+      request.add_region_ids(it == gpu_regions_.end() ? id : it->second.daemon_id);
+      if (it != gpu_regions_.end()) gpu_regions_.erase(it);
+    }
+  }
+  v1::ReleaseRegionsResponse response;
+  grpc::ClientContext context;
+  return FromGrpc(stub_->ReleaseRegions(&context, request, &response),
+                  "ReleaseRegions");
+}
+
+void Client::RemapRegionIds(
+    google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors) {
+  std::lock_guard lock(gpu_mu_);
+  if (gpu_regions_.empty()) return;
+  for (v1::TensorItem& item : *tensors) {
+    auto it = gpu_regions_.find(item.memory().region_id());
+    if (it != gpu_regions_.end()) {
+      item.mutable_memory()->set_region_id(it->second.daemon_id);
+    }
+  }
+}
+
 absl::StatusOr<uint64_t> Client::DefineLayout(
     const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors) {
   v1::DefineLayoutRequest request;
   request.set_session_token(token_);
   *request.mutable_tensors() = tensors;
+  RemapRegionIds(request.mutable_tensors());
   v1::DefineLayoutResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->DefineLayout(&context, request, &response),
@@ -133,17 +239,45 @@ absl::StatusOr<uint64_t> Client::DefineLayout(
   return response.layout_id();
 }
 
-absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request) {
+absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request,
+                                                         GpuStreamHandle stream) {
   request.set_session_token(token_);
+  TrainerGpu* gpu = nullptr;
+  std::vector<std::string> devices;
+  {
+    std::lock_guard lock(gpu_mu_);
+    if (!gpu_regions_.empty()) {
+      gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
+    }
+    for (auto& [id, r] : gpu_regions_) {
+      // Memory freed and allocated again under the region (even at the same
+      // address) has new allocation ids: map the new allocation in place of
+      // the old one, which the daemon then releases.
+      ASSIGN_OR_RETURN(std::vector<uint64_t> now,
+                       gpu->AllocationIds(r.address, r.length));
+      if (now != r.allocation_ids) {
+        ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length));
+      }
+      if (std::find(devices.begin(), devices.end(), r.device_uuid) == devices.end()) {
+        devices.push_back(r.device_uuid);
+      }
+    }
+  }
+  for (const std::string& uuid : devices) {
+    RETURN_IF_ERROR(gpu->RecordReady(uuid, stream));
+  }
+  RemapRegionIds(request.mutable_tensors());
   v1::SaveResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->Save(&context, request, &response), "Save"));
-  return std::unique_ptr<SaveHandle>(
-      new SaveHandle(stub_.get(), token_, response.save_id()));
+  return std::unique_ptr<SaveHandle>(new SaveHandle(
+      stub_.get(), token_, response.save_id(), gpu, std::move(devices),
+      handshake_.get()));
 }
 
 absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {
   request.set_session_token(token_);
+  RemapRegionIds(request.mutable_tensors());
   v1::LoadResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->Load(&context, request, &response), "Load"));
@@ -161,8 +295,15 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& 
                                          response.checkpoints().end());
 }
 
-SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id)
-    : stub_(stub), token_(std::move(token)), id_(id) {
+SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
+                       TrainerGpu* gpu, std::vector<std::string> gpu_devices,
+                       int handshake_fd)
+    : stub_(stub),
+      token_(std::move(token)),
+      id_(id),
+      gpu_(gpu),
+      gpu_devices_(std::move(gpu_devices)),
+      handshake_fd_(handshake_fd) {
   progress_.set_save_id(id);
   progress_.set_phase(v1::PHASE_ACCEPTED);
 }
@@ -188,21 +329,52 @@ void SaveHandle::Follow() {
     changed_.notify_all();
   }
   grpc::Status status = reader->Finish();
-  std::lock_guard lock(mu_);
-  ended_ = true;
-  if (!IsFinal(progress_.phase())) {
-    stream_error_ = status.ok()
-                        ? absl::UnavailableError("progress stream ended early")
-                        : FromGrpc(status, "WatchSave");
+  {
+    std::lock_guard lock(mu_);
+    ended_ = true;
+    if (!IsFinal(progress_.phase())) {
+      stream_error_ = status.ok()
+                          ? absl::UnavailableError("progress stream ended early")
+                          : FromGrpc(status, "WatchSave");
+    }
+    changed_.notify_all();
   }
-  changed_.notify_all();
+  ReleaseStagedWaitsIfDaemonGone();
 }
 
-absl::Status SaveHandle::WaitFor(v1::Phase phase) {
+void SaveHandle::ReleaseStagedWaitsIfDaemonGone() {
+  {
+    std::lock_guard lock(mu_);
+    // A final phase means the daemon answered to the end: its staged
+    // records were made and complete with its copies.
+    if (!ended_ || !gpu_waits_ || IsFinal(progress_.phase())) return;
+  }
+  // The daemon closes the session socket only when it exits; a stream that
+  // ended for another reason leaves the waits alone (the daemon's copies
+  // may still be running, and they end the waits themselves).
+  pollfd p{handshake_fd_, POLLRDHUP, 0};
+  const int n = ::poll(&p, 1, /*timeout_ms=*/2000);
+  if (n <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return;
+  std::call_once(release_once_, [&] {
+    for (const std::string& uuid : gpu_devices_) {
+      absl::Status s = gpu_->SignalStaged(uuid);
+      if (!s.ok()) {
+        std::fprintf(stderr, "libckpt: cannot release the staged wait: %s\n",
+                     s.ToString().c_str());
+      }
+    }
+  });
+}
+
+absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
   StartFollowing();
   std::unique_lock lock(mu_);
+  auto reached = [&] {
+    return progress_.phase() >= phase ||
+           (enqueued && progress_.copies_enqueued());
+  };
   changed_.wait(lock, [&] {
-    return ended_ || IsFinal(progress_.phase()) || progress_.phase() >= phase;
+    return ended_ || IsFinal(progress_.phase()) || reached();
   });
   if (progress_.phase() == v1::PHASE_FAILED ||
       progress_.phase() == v1::PHASE_CANCELLED) {
@@ -214,11 +386,26 @@ absl::Status SaveHandle::WaitFor(v1::Phase phase) {
                                            v1::Phase_Name(progress_.phase()),
                                            ": ", progress_.reason()));
   }
-  if (progress_.phase() >= phase) return absl::OkStatus();
+  if (reached()) return absl::OkStatus();
   return stream_error_;
 }
 
 absl::Status SaveHandle::WaitStaged() { return WaitFor(v1::PHASE_STAGED); }
+
+absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
+  RETURN_IF_ERROR(WaitFor(v1::PHASE_STAGED, /*enqueued=*/true));
+  // Recorded after the last copy: the stream's later work waits for them.
+  for (const std::string& uuid : gpu_devices_) {
+    RETURN_IF_ERROR(gpu_->WaitStaged(uuid, stream));
+  }
+  {
+    std::lock_guard lock(mu_);
+    gpu_waits_ = !gpu_devices_.empty();
+  }
+  // The daemon may have died in the meantime.
+  ReleaseStagedWaitsIfDaemonGone();
+  return absl::OkStatus();
+}
 absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); }
 
 v1::SaveProgress SaveHandle::progress() {

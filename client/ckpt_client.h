@@ -7,6 +7,17 @@
 //   (*save)->WaitStaged();                    // before mutating the memory
 //   (*save)->WaitCommitted();                 // optional
 //
+// GPU memory (docs/ARCHITECTURE.md, "The GPU path"):
+//
+//   auto region = (*client)->RegisterGpuRegion(device_ptr, bytes);
+//   auto save = (*client)->Save(request, stream);  // records "ready" on it
+//   (*save)->WaitStagedOnStream(stream);  // the stream waits, the CPU not
+//
+// Before freeing GPU memory under a region, release the region
+// (ReleaseRegions): the daemon keeps the allocation mapped until then. A
+// save notices memory that was freed and allocated again under a region
+// and registers the new allocation in its place.
+//
 // Connect performs the handshake (the daemon learns this process's pid from
 // the kernel and returns a session token), allows the daemon to read this
 // process's memory where Yama would forbid it (PR_SET_PTRACER), and opens
@@ -19,6 +30,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +42,7 @@
 #include "ckpt/v1/control.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "common/unique_fd.h"
+#include "gpu/trainer_gpu.h"
 
 namespace ckpt {
 
@@ -42,6 +55,9 @@ struct ConnectOptions {
   uint32_t world_size = 1;
   uint32_t node = 0;              // the daemon's --node_id
   uint32_t local_world_size = 0;  // ranks on this node; 0: all (one node)
+  // The GPU seam for CUDA regions (borrowed; outlives the client). Null:
+  // the CUDA runtime's when libckpt was built with CUDA.
+  TrainerGpu* gpu = nullptr;
 };
 
 // A gRPC channel to the daemon's socket with the message size limits the
@@ -53,6 +69,15 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what);
 
 // One rank's in-flight save. A background thread, started on first use (so
 // the save call itself stays cheap), follows the daemon's progress stream.
+// A GPU region as registered: what a save checks for re-allocation.
+struct GpuRegistration {
+  uint64_t daemon_id = 0;  // the daemon's id now (changes on re-register)
+  uint64_t address = 0;
+  uint64_t length = 0;
+  std::string device_uuid;
+  std::vector<uint64_t> allocation_ids;
+};
+
 class SaveHandle {
  public:
   ~SaveHandle();
@@ -61,6 +86,12 @@ class SaveHandle {
   // Blocks until every byte of this rank is copied out of its memory (the
   // memory may be mutated after this returns OK), or the save fails.
   absl::Status WaitStaged();
+  // The GPU-side STAGED: blocks the CPU only until the daemon has enqueued
+  // every copy of this rank's save (with a pool smaller than the state,
+  // until the part that does not fit went to storage), then makes `stream`
+  // wait on the daemon's staged event, so work queued on `stream` after
+  // this call (the optimizer step) runs after the copies.
+  absl::Status WaitStagedOnStream(GpuStreamHandle stream);
   // Blocks until the checkpoint is committed, or fails.
   absl::Status WaitCommitted();
   // The latest progress seen.
@@ -70,15 +101,25 @@ class SaveHandle {
 
  private:
   friend class Client;
-  SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id);
+  SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
+             TrainerGpu* gpu, std::vector<std::string> gpu_devices, int handshake_fd);
+  // After the progress stream ended early: if the trainer's streams wait on
+  // the daemon's staged events and the daemon is gone, completes them here
+  // (the daemon never will), so the trainer's GPU does not hang.
+  void ReleaseStagedWaitsIfDaemonGone();
   void Follow();
   void StartFollowing();
-  absl::Status WaitFor(v1::Phase phase);
+  // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED).
+  absl::Status WaitFor(v1::Phase phase, bool enqueued = false);
 
   v1::Ckptd::Stub* const stub_;
   const std::string token_;
   const uint64_t id_;
+  TrainerGpu* const gpu_;                       // null without GPU regions
+  const std::vector<std::string> gpu_devices_;  // uuids the save reads
+  const int handshake_fd_;  // the client's session socket (borrowed)
   grpc::ClientContext context_;
+  std::once_flag release_once_;
   std::once_flag follow_once_;
   std::thread follower_;
 
@@ -87,6 +128,8 @@ class SaveHandle {
   v1::SaveProgress progress_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_error_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  // A trainer stream waits on the staged events (WaitStagedOnStream).
+  bool gpu_waits_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class Client {
@@ -96,6 +139,12 @@ class Client {
 
   // Registers [address, address+length) of this process; returns its id.
   absl::StatusOr<uint64_t> RegisterRegion(const void* address, uint64_t length);
+  // Registers device memory [address, address+length) (a CUDA device
+  // pointer of this process); returns its id. The daemon maps the
+  // allocations under it now and keeps them until ReleaseRegions.
+  absl::StatusOr<uint64_t> RegisterGpuRegion(uint64_t address, uint64_t length);
+  // Ends regions (host or GPU); call it before freeing their memory.
+  absl::Status ReleaseRegions(const std::vector<uint64_t>& ids);
 
   // Registers this rank's tensor items once; later saves pass the returned
   // id in SaveRequest.layout_id instead of the items, which keeps the save
@@ -103,8 +152,12 @@ class Client {
   absl::StatusOr<uint64_t> DefineLayout(
       const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors);
 
-  // Fills in the session token and submits; returns once ACCEPTED.
-  absl::StatusOr<std::unique_ptr<SaveHandle>> Save(v1::SaveRequest request);
+  // Fills in the session token and submits; returns once ACCEPTED. With
+  // GPU regions registered, first records each device's ready event on
+  // `stream` (after the trainer's last write to the saved tensors; no CPU
+  // wait), re-registering any region whose memory was re-allocated.
+  absl::StatusOr<std::unique_ptr<SaveHandle>> Save(
+      v1::SaveRequest request, GpuStreamHandle stream = nullptr);
 
   // Restores into registered memory; returns once every byte is verified
   // and in place.
@@ -119,12 +172,25 @@ class Client {
   Client(ConnectOptions options, UniqueFd handshake, std::string token,
          uint32_t daemon_pid, std::shared_ptr<grpc::Channel> channel);
 
+  // Replaces the application's GPU region ids with the daemon's current ones.
+  void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors);
+  // The GPU seam, created on first use when options_.gpu is null.
+  absl::StatusOr<TrainerGpu*> Gpu() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
+  // Exports and registers one GPU region; the daemon assigns a new id.
+  absl::StatusOr<GpuRegistration> RegisterGpu(uint64_t address, uint64_t length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
+
   const ConnectOptions options_;
   const UniqueFd handshake_;  // held open: the session lives while it does
   const std::string token_;
   const uint32_t daemon_pid_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ckptd::Stub> stub_;
+
+  std::mutex gpu_mu_;
+  std::unique_ptr<TrainerGpu> own_gpu_ ABSL_GUARDED_BY(gpu_mu_);
+  // Live GPU regions by the id the application holds.
+  std::map<uint64_t, GpuRegistration> gpu_regions_ ABSL_GUARDED_BY(gpu_mu_);
 };
 
 }  // namespace ckpt

@@ -49,6 +49,10 @@ ABSL_FLAG(uint32_t, keep_last, kDefaults.keep_last,
 ABSL_FLAG(uint64_t, keep_in_memory_bytes, kDefaults.keep_in_memory_bytes,
           "RAM for this node's files of recent checkpoints, so a restarted "
           "trainer restores from memory (0: off)");
+ABSL_FLAG(std::string, gpu, kDefaults.gpu,
+          "GPU device: auto (CUDA if built with it), cuda, simulated or off");
+ABSL_FLAG(uint64_t, gpu_copy_timeout_ms, kDefaults.gpu_copy_timeout_ms,
+          "longest wait for a save's GPU copies before the save fails");
 ABSL_FLAG(bool, verbose, false, "log debug messages");
 
 namespace {
@@ -92,6 +96,8 @@ int main(int argc, char** argv) {
   options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
   options.keep_last = absl::GetFlag(FLAGS_keep_last);
   options.keep_in_memory_bytes = absl::GetFlag(FLAGS_keep_in_memory_bytes);
+  options.gpu = absl::GetFlag(FLAGS_gpu);
+  options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "common/log.h"
+
 namespace ckpt {
 
 FileImage::FileImage(uint64_t size) : size_(size) {
@@ -13,8 +15,22 @@ FileImage::FileImage(uint64_t size) : size_(size) {
 }
 
 FileImage::~FileImage() {
+  if (pinned_by_ != nullptr) pinned_by_->Unpin(data_, size_);
   if (data_ != nullptr) munmap(data_, std::max<uint64_t>(size_, 1));
 }
+
+void FileImage::PinWith(ImagePinner* pinner) {
+  if (pinned_by_ != nullptr || data_ == nullptr || size_ == 0) return;
+  absl::StatusOr<bool> pinned = pinner->Pin(data_, size_);
+  if (!pinned.ok()) {
+    LogWarning("memory tier image of ", size_, " bytes stays unpinned: ",
+               pinned.status().ToString());
+  } else if (*pinned) {
+    pinned_by_ = pinner;
+  }
+}
+
+void MemoryTier::SetPinner(ImagePinner* pinner) { pinner_ = pinner; }
 
 std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
                                                const std::string& checkpoint,
@@ -23,6 +39,7 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
   std::lock_guard lock(mu_);
   const std::string key = Key(job, checkpoint);
   // Evict other checkpoints, oldest first, skipping images a load holds.
+  std::shared_ptr<FileImage> reused;
   while (used_ + size > budget_) {
     Checkpoint* oldest = nullptr;
     std::string oldest_key;
@@ -37,10 +54,14 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
       }
     }
     if (oldest == nullptr) return nullptr;
-    for (const auto& [name, image] : oldest->files) used_ -= image->size();
+    for (const auto& [name, image] : oldest->files) {
+      used_ -= image->size();
+      if (reused == nullptr && image->size() == size) reused = image;
+    }
     checkpoints_.erase(oldest_key);
   }
-  auto image = std::make_shared<FileImage>(size);
+  std::shared_ptr<FileImage> image =
+      reused != nullptr ? std::move(reused) : std::make_shared<FileImage>(size);
   if (image->data() == nullptr) return nullptr;
   Checkpoint& cp = checkpoints_[key];
   if (cp.files.empty()) cp.sequence = next_sequence_++;
@@ -52,9 +73,19 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
 }
 
 void MemoryTier::MarkCommitted(const std::string& job, const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
-  auto it = checkpoints_.find(Key(job, checkpoint));
-  if (it != checkpoints_.end()) it->second.committed = true;
+  std::vector<std::shared_ptr<FileImage>> images;
+  {
+    std::lock_guard lock(mu_);
+    auto it = checkpoints_.find(Key(job, checkpoint));
+    if (it == checkpoints_.end()) return;
+    it->second.committed = true;
+    for (const auto& [name, image] : it->second.files) images.push_back(image);
+  }
+  // Pinning takes a while for gigabytes; no lock is held, and a reused
+  // image is pinned already.
+  ImagePinner* pinner = pinner_.load();
+  if (pinner == nullptr) return;
+  for (const auto& image : images) image->PinWith(pinner);
 }
 
 void MemoryTier::Drop(const std::string& job, const std::string& checkpoint) {

@@ -7,14 +7,17 @@
 // fails (Drop). Loads ask for an image by file (Find) and read it instead
 // of the file, verifying every block as from storage. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
-// oldest other checkpoints' images that no load is using; if that is not
-// enough, the file is simply not kept. The staging pool and the tier are
+// oldest other checkpoints' images that no load is using (an evicted image
+// of the same size is reused: saves of one job repeat their file sizes, and
+// unmapping and faulting in gigabytes again would delay the next save's
+// staging); if that is not enough, the file is simply not kept. The staging pool and the tier are
 // separate, fixed budgets, so together they bound the daemon's memory.
 //
 // Thread-safety: all methods may be called from any thread. An image stays
 // valid while the shared_ptr Find or Reserve returned is held.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,26 +25,45 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 
 namespace ckpt {
+
+// Page-locks host memory for DMA: the GPU backend, once a GPU trainer is
+// connected, so that restores into GPU memory copy from an image at the
+// copy engine's speed instead of through the driver's bounce buffers.
+class ImagePinner {
+ public:
+  virtual ~ImagePinner() = default;
+  // True if pinned; false if there is no GPU in use (nothing to do).
+  virtual absl::StatusOr<bool> Pin(char* data, uint64_t size) = 0;
+  virtual void Unpin(char* data, uint64_t size) = 0;
+};
 
 class FileImage {
  public:
   explicit FileImage(uint64_t size);  // anonymous mapping; data() null on failure
-  ~FileImage();
+  ~FileImage();  // unpins, then unmaps
   FileImage(const FileImage&) = delete;
   FileImage& operator=(const FileImage&) = delete;
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Pins the image with `pinner` unless it is already pinned.
+  void PinWith(ImagePinner* pinner);
 
  private:
   char* data_ = nullptr;
   const uint64_t size_;
+  ImagePinner* pinned_by_ = nullptr;  // set once pinned
 };
 
 class MemoryTier {
  public:
   explicit MemoryTier(uint64_t budget) : budget_(budget) {}
+
+  // Images of committed checkpoints are pinned with `pinner` (which
+  // outlives the tier) from now on.
+  void SetPinner(ImagePinner* pinner);
 
   // An image of `size` bytes for a data file being written, or null when
   // the tier is off or has no room.
@@ -68,6 +90,7 @@ class MemoryTier {
   }
 
   const uint64_t budget_;
+  std::atomic<ImagePinner*> pinner_{nullptr};
   mutable std::mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;

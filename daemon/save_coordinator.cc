@@ -178,6 +178,7 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     {
       std::lock_guard lock(mu_);
       if (!IsFinal(part->progress.phase())) {
+        part->progress.set_copies_enqueued(true);
         part->progress.set_phase(v1::PHASE_STAGED);
         part->progress.set_staged_unix_micros(NowMicros());
         PublishLocked(*part, /*force=*/true, &notify);
@@ -185,10 +186,37 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     }
     Notify(notify);
   };
+  // The GPU-side STAGED: the trainer's stream may wait on its staged event.
+  auto mark_enqueued = [&] {
+    Notifications notify;
+    {
+      std::lock_guard lock(mu_);
+      if (!IsFinal(part->progress.phase())) {
+        part->progress.set_copies_enqueued(true);
+        PublishLocked(*part, /*force=*/true, &notify);
+      }
+    }
+    Notify(notify);
+  };
   const TensorLayout& tensors = *part->tensors;
   const std::vector<PlannedFile>& files = tensors.plan.files;
+  // One batch of copies for the whole part, so the staged events are
+  // recorded once, after its last copy.
+  absl::StatusOr<std::unique_ptr<CopyOutBatch>> batch =
+      part->session->memory()->BeginCopyOut();
+  if (!batch.ok()) {
+    FinishPart(part, batch.status());
+    return;
+  }
   // A rank that owns nothing (its replicas write everything) is staged now.
-  if (files.empty()) mark_staged();
+  if (files.empty()) {
+    absl::Status recorded = (*batch)->AllEnqueued();
+    if (!recorded.ok()) {
+      FinishPart(part, recorded);
+      return;
+    }
+    mark_staged();
+  }
   ShardWriter writer(pool_, &queue);
   ShardWriteProgress before;  // of the files already written
   for (size_t f = 0; f < files.size(); ++f) {
@@ -208,6 +236,8 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     }
     req.checksum_block_bytes = options_.checksum_block_bytes;
     req.source = part->session->memory();
+    req.batch = batch->get();
+    req.last_file_of_batch = f + 1 == files.size();
     req.cancelled = &part->cancelled;
     req.limiter = &limiter_;
     const std::shared_ptr<FileImage> image =
@@ -223,7 +253,10 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
       }
       Notify(notify);
     };
-    if (f + 1 == files.size()) req.on_staged = mark_staged;
+    if (f + 1 == files.size()) {
+      req.on_enqueued = mark_enqueued;
+      req.on_staged = mark_staged;
+    }
     auto result = writer.Write(req);
     if (!result.ok()) {
       FinishPart(part, result.status());

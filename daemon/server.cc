@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "daemon/checkpoint_leases.h"
 #include "daemon/checkpoint_store.h"
+#include "daemon/gpu_backend.h"
 #include "daemon/io_workers.h"
 #include "daemon/loader.h"
 #include "daemon/save_coordinator.h"
@@ -54,11 +55,14 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
       MakeDirs(std::filesystem::path(options.socket).parent_path().string()));
   ASSIGN_OR_RETURN(std::unique_ptr<StagingPool> pool,
                    StagingPool::Create(options.pool_bytes, options.buffer_bytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<GpuBackend> gpu,
+                   GpuBackend::Open(options.gpu, pool.get()));
   auto workers = std::make_unique<IoWorkers>(options.io_workers,
                                              options.queue_depth, *pool);
   CheckpointStore store(options.root);
   CheckpointLeases leases;
   MemoryTier tier(options.keep_in_memory_bytes);
+  if (gpu->device() != nullptr) tier.SetPinner(gpu.get());
   auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
                                                  workers.get(), &leases, &tier);
   auto loader = std::make_unique<Loader>(options, &store, pool.get(), workers.get(),
@@ -67,12 +71,14 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
           absl::StrCat(options.socket, ".session"), options.max_sessions,
+          SessionGpu{gpu.get(), absl::Milliseconds(options.gpu_copy_timeout_ms)},
           [s = saves.get()](const std::shared_ptr<Session>& session) {
             s->OnSessionClosed(session);
           }));
 
   CkptdService service({&options, sessions.get(), saves.get(), loader.get(), &store,
-                        pool.get(), workers.get(), &tier, workers->backend()});
+                        pool.get(), workers.get(), &tier, workers->backend(),
+                        gpu->name()});
   ::unlink(options.socket.c_str());  // a stale socket of a previous run
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options.socket),
@@ -87,7 +93,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   }
   LogInfo("ckptd listening on ", options.socket, " root ", options.root,
           " pool ", pool->pool_bytes(), " bytes, io backend ",
-          workers->backend());
+          workers->backend(), ", gpu ", gpu->name());
 
   int signal = 0;
   sigwait(&stop_signals, &signal);

@@ -136,6 +136,14 @@ grpc::ServerUnaryReactor* CkptdService::RegisterRegions(
   return Finish(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* CkptdService::ReleaseRegions(
+    grpc::CallbackServerContext* context,
+    const v1::ReleaseRegionsRequest* request, v1::ReleaseRegionsResponse*) {
+  auto session = c_.sessions->Find(request->session_token());
+  if (!session.ok()) return Finish(context, session.status());
+  return Finish(context, (*session)->ReleaseRegions(request->region_ids()));
+}
+
 grpc::ServerUnaryReactor* CkptdService::DefineLayout(
     grpc::CallbackServerContext* context, const v1::DefineLayoutRequest* request,
     v1::DefineLayoutResponse* response) {
@@ -230,6 +238,8 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_nodes(c_.options->nodes);
   response->set_tensor_bytes_written(c_.saves->tensor_bytes_written());
   response->set_memory_tier_bytes(c_.tier->used_bytes());
+  response->set_gpu(c_.gpu);
+  response->set_gpu_regions(static_cast<uint32_t>(c_.sessions->gpu_regions()));
   return Finish(context, absl::OkStatus());
 }
 

@@ -36,12 +36,17 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     IoWorkers* workers;
     const MemoryTier* tier;
     std::string io_backend;
+    std::string gpu;  // GpuBackend::name()
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
 
   grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
                                         const v1::OpenSessionRequest* request,
                                         v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseRegions(
+      grpc::CallbackServerContext* context,
+      const v1::ReleaseRegionsRequest* request,
+      v1::ReleaseRegionsResponse* response) override;
   grpc::ServerUnaryReactor* RegisterRegions(
       grpc::CallbackServerContext* context,
       const v1::RegisterRegionsRequest* request,

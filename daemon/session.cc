@@ -36,13 +36,36 @@ absl::StatusOr<std::string> RandomToken() {
 }  // namespace
 
 Session::Session(uint64_t id, std::string token, pid_t pid, uid_t uid,
-                 UniqueFd pidfd)
+                 UniqueFd pidfd, const SessionGpu& gpu)
     : id_(id),
       token_(std::move(token)),
       pid_(pid),
       uid_(uid),
       pidfd_(std::move(pidfd)),
-      memory_(pid, pidfd_.get()) {}
+      gpu_(gpu.backend,
+           [fd = pidfd_.get(), pid](int peer_fd) -> absl::StatusOr<UniqueFd> {
+             // The handle lives in the verified peer's fd table: take our
+             // own copy from there, never from a process a request names.
+             UniqueFd taken(static_cast<int>(
+                 ::syscall(SYS_pidfd_getfd, fd, peer_fd, 0)));
+             if (!taken.valid()) {
+               return ErrnoToStatus(
+                   errno, absl::StrCat("pidfd_getfd of fd ", peer_fd, " in pid ",
+                                       pid, " (needs the trainer's ptrace "
+                                       "permission: same user and Yama "
+                                       "ptrace_scope <= 1, or CAP_SYS_PTRACE)"));
+             }
+             return taken;
+           },
+           gpu.copy_timeout),
+      memory_(pid, pidfd_.get(), &gpu_) {}
+
+Session::~Session() { gpu_.ReleaseAll(); }
+
+void Session::MarkClosed() {
+  closed_ = true;
+  gpu_.ReleaseAll();
+}
 
 absl::Status Session::Open(const v1::OpenSessionRequest& request,
                            uint32_t node_id, uint32_t nodes) {
@@ -87,8 +110,10 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
   std::vector<Region> add;
   for (const v1::Region& r : regions) {
     if (r.has_cuda()) {
-      return absl::UnimplementedError(
-          "CUDA regions need a daemon built with CUDA support");
+      // Opened (and its fields checked) below, under its id.
+      add.push_back({r.cuda().address(), r.cuda().length(), /*gpu=*/true,
+                     /*released=*/true});
+      continue;
     }
     if (!r.has_host()) return absl::InvalidArgumentError("region has no kind");
     const uint64_t a = r.host().address(), n = r.host().length();
@@ -98,17 +123,53 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
     }
     add.push_back({a, n});
   }
-  std::lock_guard lock(mu_);
-  if (regions_.size() + add.size() > kMaxRegionsPerSession) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a session may register at most ", kMaxRegionsPerSession, " regions"));
+  // Ids are taken first; CUDA regions stay unusable (released) until their
+  // allocations are open, which happens without the session's lock.
+  uint64_t first = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (regions_.size() + add.size() > kMaxRegionsPerSession) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a session may register at most ", kMaxRegionsPerSession, " regions"));
+    }
+    first = regions_.size();
+    regions_.insert(regions_.end(), add.begin(), add.end());
   }
   std::vector<uint64_t> ids;
-  for (const Region& r : add) {
-    ids.push_back(regions_.size());
-    regions_.push_back(r);
+  absl::Status status;
+  for (int i = 0; i < regions.size() && status.ok(); ++i) {
+    ids.push_back(first + i);
+    if (regions[i].has_cuda()) {
+      status = Annotate(gpu_.Add(first + i, regions[i].cuda()),
+                        absl::StrCat("CUDA region ", i));
+    }
   }
+  std::lock_guard lock(mu_);
+  for (uint64_t id : ids) {
+    if (!regions_[id].gpu) continue;
+    if (status.ok()) {
+      regions_[id].released = false;
+    } else {
+      gpu_.Release(id);  // all or none
+    }
+  }
+  if (!status.ok()) return status;
   return ids;
+}
+
+absl::Status Session::ReleaseRegions(
+    const google::protobuf::RepeatedField<uint64_t>& ids) {
+  std::lock_guard lock(mu_);
+  for (uint64_t id : ids) {
+    if (id >= regions_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown region id ", id));
+    }
+  }
+  for (uint64_t id : ids) {
+    regions_[id].released = true;
+    if (regions_[id].gpu) gpu_.Release(id);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
@@ -118,6 +179,10 @@ absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
         absl::StrCat("unknown region id ", ref.region_id()));
   }
   const Region& r = regions_[ref.region_id()];
+  if (r.released) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", ref.region_id(), " was released"));
+  }
   if (ref.offset() > r.length || ref.length() > r.length - ref.offset()) {
     return absl::OutOfRangeError(absl::StrCat(
         "memory [", ref.offset(), ", +", ref.length(), ") is outside region ",
@@ -146,29 +211,9 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
   return layouts_[id - 1];
 }
 
-absl::Status Session::PidfdGuardedMemory::CheckAlive() const {
-  pollfd p{pidfd_, POLLIN, 0};
-  const int n = ::poll(&p, 1, 0);
-  if (n < 0) return ErrnoToStatus(errno, "poll pidfd");
-  if (n > 0) {
-    return absl::UnavailableError("the trainer process has exited");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Session::PidfdGuardedMemory::Read(absl::Span<const CopySpan> spans) {
-  RETURN_IF_ERROR(host_.Read(spans));
-  // Alive after the read means the pid was not recycled during it.
-  return CheckAlive();
-}
-
-absl::Status Session::PidfdGuardedMemory::Write(absl::Span<const CopySpan> spans) {
-  RETURN_IF_ERROR(CheckAlive());
-  return host_.Write(spans);
-}
-
 absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
-    const std::string& path, uint32_t max_sessions, ClosedCallback on_closed) {
+    const std::string& path, uint32_t max_sessions, SessionGpu gpu,
+    ClosedCallback on_closed) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -190,18 +235,20 @@ absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
   std::unique_ptr<SessionRegistry> registry(new SessionRegistry(
-      std::move(fd), std::move(wake), path, max_sessions, std::move(on_closed)));
+      std::move(fd), std::move(wake), path, max_sessions, std::move(gpu),
+      std::move(on_closed)));
   registry->thread_ = std::thread([r = registry.get()] { r->Run(); });
   return registry;
 }
 
 SessionRegistry::SessionRegistry(UniqueFd listener, UniqueFd wake,
                                  std::string path, uint32_t max_sessions,
-                                 ClosedCallback on_closed)
+                                 SessionGpu gpu, ClosedCallback on_closed)
     : listener_(std::move(listener)),
       wake_(std::move(wake)),
       path_(std::move(path)),
       max_sessions_(max_sessions),
+      gpu_(gpu),
       on_closed_(std::move(on_closed)) {}
 
 SessionRegistry::~SessionRegistry() {
@@ -223,6 +270,13 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
         "socket first)");
   }
   return it->second;
+}
+
+size_t SessionRegistry::gpu_regions() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [token, session] : by_token_) n += session->live_gpu_regions();
+  return n;
 }
 
 size_t SessionRegistry::size() const {
@@ -288,7 +342,15 @@ void SessionRegistry::Accept() {
       return;
     }
     session = std::make_shared<Session>(next_id_++, *token, cred.pid, cred.uid,
-                                        std::move(pidfd));
+                                        std::move(pidfd), gpu_);
+  }
+  // The session is known before its token leaves: a client may call
+  // OpenSession the moment it has read the reply.
+  const int raw = fd.get();
+  {
+    std::lock_guard lock(mu_);
+    by_token_[session->token()] = session;
+    by_fd_[raw] = {std::move(fd), session};
   }
   // Reply: token, then the daemon's pid (the client allows it to ptrace-read
   // with PR_SET_PTRACER where Yama restricts process_vm_readv).
@@ -296,17 +358,14 @@ void SessionRegistry::Accept() {
   std::memcpy(reply, token->data(), kSessionTokenBytes);
   const uint32_t self = static_cast<uint32_t>(::getpid());
   std::memcpy(reply + kSessionTokenBytes, &self, 4);
-  if (::send(fd.get(), reply, sizeof(reply), MSG_NOSIGNAL) !=
+  if (::send(raw, reply, sizeof(reply), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(sizeof(reply))) {
     LogWarning("handshake reply to pid ", cred.pid, " failed");
+    Close(raw);
     return;
   }
   LogInfo("session ", session->id(), " opened by pid ", cred.pid, " uid ",
           cred.uid);
-  std::lock_guard lock(mu_);
-  by_token_[session->token()] = session;
-  const int raw = fd.get();
-  by_fd_[raw] = {std::move(fd), session};
 }
 
 void SessionRegistry::Close(int fd) {

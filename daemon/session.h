@@ -28,8 +28,12 @@
 #include "absl/status/statusor.h"
 #include "ckpt/v1/control.pb.h"
 #include "common/unique_fd.h"
+#include "daemon/gpu_backend.h"
+#include "daemon/gpu_regions.h"
 #include "daemon/memory_source.h"
+#include "daemon/session_memory.h"
 #include "daemon/tensor_layout.h"
+#include "gpu/gpu_device.h"
 
 namespace ckpt {
 
@@ -38,9 +42,18 @@ inline constexpr size_t kSessionTokenBytes = 16;
 inline constexpr size_t kMaxRegionsPerSession = 1 << 16;
 inline constexpr size_t kMaxLayoutsPerSession = 64;
 
+// What a session needs of the daemon's GPU: the backend (null: none) and
+// how long a copy may wait for the trainer's stream and run.
+struct SessionGpu {
+  GpuBackend* backend = nullptr;
+  absl::Duration copy_timeout = absl::Minutes(5);
+};
+
 class Session {
  public:
-  Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd);
+  Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd,
+          const SessionGpu& gpu = {});
+  ~Session();
 
   uint64_t id() const { return id_; }
   const std::string& token() const { return token_; }
@@ -58,9 +71,14 @@ class Session {
   uint32_t local_world_size() const { return local_world_size_; }
   const std::string& job() const { return job_; }
 
-  // Registers host regions; returns their ids.
+  // Registers host and CUDA regions, all or none; returns their ids. CUDA
+  // regions are opened now (their allocations mapped, their events opened).
   absl::StatusOr<std::vector<uint64_t>> RegisterRegions(
       const google::protobuf::RepeatedPtrField<v1::Region>& regions);
+  // Ends regions; a CUDA region's allocations are unmapped once no copy in
+  // flight uses them. Unknown ids are an error; released ones are not.
+  absl::Status ReleaseRegions(const google::protobuf::RepeatedField<uint64_t>& ids);
+  size_t live_gpu_regions() const { return gpu_.live_regions(); }
   // The peer address of `ref`, after checking it lies inside its region.
   absl::StatusOr<uint64_t> Resolve(const v1::MemoryRef& ref) const;
 
@@ -68,28 +86,19 @@ class Session {
   absl::StatusOr<uint64_t> AddLayout(std::shared_ptr<const TensorLayout> layout);
   absl::StatusOr<std::shared_ptr<const TensorLayout>> FindLayout(uint64_t id) const;
 
-  // Reads/writes the peer's memory. Guards against pid reuse with the pidfd:
-  // a read is only trusted if the process is still alive afterwards, and a
-  // write only starts if it is alive.
+  // Reads/writes the peer's memory, host and GPU (SessionMemory).
   MemorySource* memory() { return &memory_; }
 
-  void MarkClosed() { closed_ = true; }
+  // The trainer is gone: its GPU regions are released.
+  void MarkClosed();
   bool closed() const { return closed_.load(); }
 
  private:
-  class PidfdGuardedMemory final : public MemorySource {
-   public:
-    PidfdGuardedMemory(pid_t pid, int pidfd) : host_(pid), pidfd_(pidfd) {}
-    absl::Status Read(absl::Span<const CopySpan> spans) override;
-    absl::Status Write(absl::Span<const CopySpan> spans) override;
-
-   private:
-    absl::Status CheckAlive() const;
-    HostProcessMemory host_;
-    const int pidfd_;
+  struct Region {
+    uint64_t address, length;
+    bool gpu = false;
+    bool released = false;
   };
-
-  struct Region { uint64_t address, length; };
 
   // Constant after construction.
   const uint64_t id_;
@@ -97,7 +106,8 @@ class Session {
   const pid_t pid_;
   const uid_t uid_;
   const UniqueFd pidfd_;
-  PidfdGuardedMemory memory_;
+  GpuRegions gpu_;
+  SessionMemory memory_;
 
   std::mutex open_mu_;  // serializes Open
   std::atomic<bool> opened_{false};
@@ -119,16 +129,19 @@ class SessionRegistry {
   // Binds the handshake socket at `path` (replacing a stale one) with mode
   // `mode`; `max_sessions` bounds the table.
   static absl::StatusOr<std::unique_ptr<SessionRegistry>> Start(
-      const std::string& path, uint32_t max_sessions, ClosedCallback on_closed);
+      const std::string& path, uint32_t max_sessions, SessionGpu gpu,
+      ClosedCallback on_closed);
   ~SessionRegistry();
 
   // The session for `token`; Unauthenticated if unknown or closed.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& token) const;
   size_t size() const;
+  // CUDA regions mapped now, over all live sessions.
+  size_t gpu_regions() const;
 
  private:
   SessionRegistry(UniqueFd listener, UniqueFd wake, std::string path,
-                  uint32_t max_sessions, ClosedCallback on_closed);
+                  uint32_t max_sessions, SessionGpu gpu, ClosedCallback on_closed);
   void Run();
   void Accept();
   void Close(int fd);
@@ -137,6 +150,7 @@ class SessionRegistry {
   const UniqueFd wake_;  // eventfd that stops Run
   const std::string path_;
   const uint32_t max_sessions_;
+  const SessionGpu gpu_;
   const ClosedCallback on_closed_;
   std::thread thread_;
 

@@ -108,8 +108,9 @@ class ItemSink {
 };
 
 // Consumes windows of the file in file order, slice by slice: sends each
-// slice's deliveries (one batched write per destination), then feeds the
-// slice to the hashers of the items it holds. Bytes go out before their
+// slice's deliveries (one batched write per destination; for destinations
+// that prefer large writes, GPU memory, one per window after the window is
+// hashed), then feeds the slice to the hashers of the items it holds. Bytes go out before their
 // block is verified: a mismatch fails the whole load, whose memory is then
 // not to be used.
 class WindowConsumer {
@@ -133,6 +134,12 @@ class WindowConsumer {
       const uint64_t n = std::min(kSliceBytes, bytes - done);
       RETURN_IF_ERROR(Deliver(data + done, offset + done, n));
       RETURN_IF_ERROR(Hash(data + done, offset + done, n));
+    }
+    // Destinations that want few large writes get the whole window at once,
+    // while its bytes are still here.
+    for (auto& [destination, spans] : window_outbox_) {
+      if (!spans.empty()) RETURN_IF_ERROR(destination->Write(spans));
+      spans.clear();
     }
     if (bytes < length && sink_ && sink_->started()) {  // cut inside an item
       return absl::DataLossError(absl::StrCat(req_.path, " ends at ", offset + bytes,
@@ -160,7 +167,8 @@ class WindowConsumer {
       const uint64_t from = std::max(t.begin, at);
       const uint64_t to = std::min(t.end, at + len);
       if (from < to) {
-        outbox_[t.destination].push_back(
+        Outbox& box = t.destination->PrefersLargeWrites() ? window_outbox_ : outbox_;
+        box[t.destination].push_back(
             {t.remote + (from - t.begin), const_cast<char*>(data + (from - at)), to - from});
       }
       return t.end > at + len;  // continues past this slice
@@ -194,7 +202,8 @@ class WindowConsumer {
   std::vector<const Transfer*> under_way_;  // started, not finished
   size_t next_item_ = 0;                    // the first not yet verified
   std::optional<ItemSink> sink_;
-  Outbox outbox_;
+  Outbox outbox_;         // this slice's writes
+  Outbox window_outbox_;  // this window's, for PrefersLargeWrites()
 };
 
 // The segments to read: each item's needed range widened to whole checksum

@@ -50,6 +50,8 @@ class StagingPool {
   // One iovec per buffer, in index order, for io_uring registration.
   const std::vector<iovec>& iovecs() const { return iovecs_; }
   uint32_t buffer_bytes() const { return buffer_bytes_; }
+  // The first buffer; every buffer lies in [base(), base() + pool_bytes()).
+  char* base() const { return base_; }
   uint64_t pool_bytes() const { return uint64_t{buffer_bytes_} * iovecs_.size(); }
   uint64_t free_bytes() const;
 

@@ -8,8 +8,11 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -17,6 +20,26 @@
 #include "client/ckpt_client.h"
 
 namespace ckpt::testing {
+
+// Where test directories go: $TMPDIR (a disk-backed directory where /tmp is
+// a tmpfs, which O_DIRECT refuses), else /tmp.
+std::string TempBase() {
+  const char* dir = std::getenv("TMPDIR");
+  return dir != nullptr && *dir != '\0' ? dir : "/tmp";
+}
+
+const char* TestBinary(const char* built) {
+  const char* dir = std::getenv("CKPT_TEST_BIN_DIR");
+  if (dir == nullptr || *dir == '\0') return built;
+  static auto* paths = new std::map<std::string, std::string>();
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  std::string& path = (*paths)[built];
+  if (path.empty()) {
+    path = std::string(dir) + "/" + std::filesystem::path(built).filename().string();
+  }
+  return path.c_str();
+}
 namespace {
 
 std::vector<char*> Argv(const std::vector<std::string>& args) {
@@ -39,8 +62,8 @@ bool DaemonAnswers(const std::string& socket) {
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags,
                              std::string shared_root)
     : flags_(std::move(extra_flags)) {
-  char tmpl[] = "/tmp/ckptd-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
+  std::string tmpl = TempBase() + "/ckptd-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
   dir_ = tmpl;
   socket_ = dir_ + "/ckptd.sock";
   root_ = shared_root.empty() ? dir_ + "/root" : shared_root;
@@ -146,8 +169,8 @@ ProcessResult RunProcess(const std::vector<std::string>& args) {
 }
 
 Cluster::Cluster(uint32_t nodes, std::vector<std::string> extra_flags) {
-  char tmpl[] = "/tmp/ckptd-cluster-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
+  std::string tmpl = TempBase() + "/ckptd-cluster-XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
   dir_ = tmpl;
   root_ = dir_ + "/root";
   for (uint32_t i = 0; i < nodes; ++i) {

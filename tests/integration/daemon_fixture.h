@@ -13,6 +13,17 @@
 
 namespace ckpt::testing {
 
+// The path of a binary the build made (`built`), or, where the environment
+// sets CKPT_TEST_BIN_DIR (the test binaries copied to a GPU machine with
+// scripts/gpu-bundle.sh), the file of that name there.
+const char* TestBinary(const char* built);
+// The directory test daemons' directories go in: $TMPDIR, else /tmp.
+std::string TempBase();
+#define CKPTD_BINARY ::ckpt::testing::TestBinary(CKPTD_BINARY_PATH)
+#define CKPTCTL_BINARY ::ckpt::testing::TestBinary(CKPTCTL_BINARY_PATH)
+#define LOADGEN_BINARY ::ckpt::testing::TestBinary(LOADGEN_BINARY_PATH)
+#define GPU_TRAINER_BINARY ::ckpt::testing::TestBinary(GPU_TRAINER_BINARY_PATH)
+
 class DaemonProcess {
  public:
   // Starts ckptd with `extra_flags` and waits until it answers DaemonStatus.
@@ -50,6 +61,7 @@ class BackgroundProcess {
   explicit BackgroundProcess(const std::vector<std::string>& argv);
   ~BackgroundProcess();  // waits if Wait was not called
   ProcessResult Wait();
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

@@ -1,0 +1,191 @@
+#include "daemon/peer_copy_out.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+// How often a wait checks that the trainer still runs.
+constexpr absl::Duration kLivenessInterval = absl::Milliseconds(50);
+// How long Drain waits for copies it released to finish.
+constexpr absl::Duration kDrainGrace = absl::Seconds(30);
+
+}  // namespace
+
+namespace {
+
+// Regions of batches whose copies never ended: copies may still run from
+// them, and unmapping memory under a copy engine is a sticky error for
+// every session on the device, so they stay mapped for the daemon's life.
+void Quarantine(std::vector<std::shared_ptr<const GpuRegion>> regions) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* kept = new std::vector<std::shared_ptr<const GpuRegion>>();
+  absl::MutexLock lock(&mu);
+  LogError("keeping ", regions.size(), " GPU mappings of a save whose copies "
+           "did not end");
+  for (auto& r : regions) kept->push_back(std::move(r));
+}
+
+}  // namespace
+
+PeerCopyOut::~PeerCopyOut() {
+  // Every copy completed and was waited for: nothing can still run.
+  if (!failed_ && pending_.empty()) return;
+  // The caller drains before it lets its buffers go after an error; this
+  // keeps the streams' work from outliving the regions it reads.
+  if (!drained_) {
+    absl::Status s = Drain();
+    if (!s.ok()) LogError("GPU copies abandoned unfinished: ", s.ToString());
+  }
+  if (!drained_) Quarantine(std::move(held_));
+}
+
+absl::StatusOr<PeerCopyOut::DeviceQueue*> PeerCopyOut::Queue(int device) {
+  DeviceQueue& q = devices_[device];
+  if (q.stream == nullptr) {
+    ASSIGN_OR_RETURN(q.stream, regions_->device()->CreateStream(device));
+  }
+  return &q;
+}
+
+absl::StatusOr<uint64_t> PeerCopyOut::Enqueue(absl::Span<const CopySpan> spans) {
+  absl::StatusOr<uint64_t> ticket = EnqueueCopies(spans);
+  if (!ticket.ok()) failed_ = true;
+  return ticket;
+}
+
+absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> spans) {
+  std::vector<CopySpan> host;
+  std::map<int, std::vector<GpuCopy>> gpu;
+  for (const CopySpan& s : spans) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
+                     regions_->Find(s.remote, s.length));
+    if (region == nullptr) {
+      host.push_back(s);
+      continue;
+    }
+    ASSIGN_OR_RETURN(DeviceQueue * q, Queue(region->device));
+    if (std::find(q->waited.begin(), q->waited.end(), region->ready.get()) ==
+        q->waited.end()) {
+      // Every copy from this region waits for the trainer's last write.
+      RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
+      q->waited.push_back(region->ready.get());
+    }
+    q->staged.insert(region->staged.get());
+    gpu[region->device].push_back({region->Translate(s.remote), s.local, s.length});
+    if (std::find(held_.begin(), held_.end(), region) == held_.end()) {
+      held_.push_back(std::move(region));
+    }
+  }
+  const uint64_t ticket = ++tickets_;
+  Pending pending{ticket, {}};
+  for (auto& [device, copies] : gpu) {
+    GpuStream& stream = *devices_[device].stream;
+    RETURN_IF_ERROR(stream.CopyToHost(copies));
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream.Fence());
+    pending.fences.push_back(std::move(fence));
+  }
+  if (!pending.fences.empty()) pending_.push_back(std::move(pending));
+  if (!host.empty()) RETURN_IF_ERROR(host_->Read(host));
+  return ticket;
+}
+
+absl::StatusOr<bool> PeerCopyOut::Ready(uint64_t ticket) {
+  while (!pending_.empty() && pending_.front().ticket <= ticket) {
+    for (auto& fence : pending_.front().fences) {
+      absl::StatusOr<bool> ready = fence->Ready();
+      if (!ready.ok()) failed_ = true;
+      if (!ready.ok() || !*ready) return ready;
+    }
+    pending_.erase(pending_.begin());
+  }
+  return true;
+}
+
+absl::Status PeerCopyOut::AwaitFence(GpuFence& fence, absl::Duration timeout,
+                                     bool ignore_peer) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status s = fence.Wait(std::min(left, kLivenessInterval));
+    if (!absl::IsDeadlineExceeded(s)) return s;
+    if (left <= kLivenessInterval) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "GPU copies did not complete within ", absl::FormatDuration(timeout),
+          " (the trainer's stream never reached the save's ready event?)"));
+    }
+    if (!ignore_peer) {
+      absl::Status alive = alive_();
+      if (!alive.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the trainer exited before its GPU copies completed: ", alive.message()));
+      }
+    }
+  }
+}
+
+absl::Status PeerCopyOut::Wait(uint64_t ticket) {
+  while (!pending_.empty() && pending_.front().ticket <= ticket) {
+    for (auto& fence : pending_.front().fences) {
+      absl::Status s =
+          AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
+      if (!s.ok()) {
+        failed_ = true;
+        return Annotate(s, "waiting for copies from GPU memory");
+      }
+    }
+    pending_.erase(pending_.begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::AllEnqueued() {
+  for (auto& [device, q] : devices_) {
+    for (GpuEvent* staged : q.staged) {
+      RETURN_IF_ERROR(Annotate(q.stream->RecordEvent(*staged),
+                               absl::StrCat("record staged event on device ", device)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::Drain() {
+  failed_ = true;
+  if (devices_.empty()) {
+    drained_ = true;
+    return absl::OkStatus();
+  }
+  // A trainer that exited will never complete its ready events: complete
+  // them here, which ends the waits on them. One that lives will (and
+  // completing its events here could end the wait of its next save before
+  // its writes), so its copies are waited for as they are.
+  const bool trainer_gone = !alive_().ok();
+  for (auto& [device, q] : devices_) {
+    if (!trainer_gone) break;
+    for (GpuEvent* ready : q.waited) {
+      RETURN_IF_ERROR(Annotate(ready->CompleteRecorded(),
+                               "complete a dead trainer's ready event"));
+    }
+  }
+  // Everything each stream was given, including work of an Enqueue that
+  // failed half-way and left no fence.
+  for (auto& [device, q] : devices_) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
+    absl::Status s =
+        AwaitFence(*fence, trainer_gone ? kDrainGrace : regions_->copy_timeout(),
+                   /*ignore_peer=*/true);
+    if (!s.ok()) {
+      return Annotate(s, absl::StrCat("draining the copies of device ", device));
+    }
+  }
+  pending_.clear();
+  drained_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,150 @@
+// GpuDevice: the one narrow seam between ckptd and a GPU, daemon side.
+//
+// The daemon never calls CUDA directly: sessions map trainer allocations,
+// open the trainer's interprocess events and copy through this interface.
+// Two implementations exist: CudaDevice (cuda/, the CUDA runtime and driver,
+// built when the toolkit is found) and SimulatedDevice (gpu/, "device
+// memory" in shared memory, for tests on machines without a GPU). Both keep
+// the same ordering rules: work on a stream runs in the order it was
+// enqueued; WaitEvent makes later work on the stream wait for the work the
+// event's most recent record covers; a fence is ready once every piece of
+// work enqueued before it has run.
+//
+// Handles on the wire (proto CudaAllocation, CudaEventRef) come in two
+// kinds: the 64 opaque bytes of a legacy CUDA IPC handle (cudaMalloc
+// memory), or the number of a file descriptor in the trainer's fd table (a
+// POSIX-FD shareable handle of a virtual-memory allocation, an event's
+// semaphore page, or the simulated device's memfd). The daemon
+// takes such an fd out of the verified peer with pidfd_getfd (PeerFdTaker),
+// never from a process the client names.
+//
+// Thread-safety: GpuDevice is safe for concurrent use. A GpuStream is used
+// by one thread at a time; mappings and events may be shared (shared_ptr)
+// and are released when the last user drops them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/unique_fd.h"
+
+namespace ckpt {
+
+// Takes file descriptor `peer_fd` out of the session's verified peer
+// (pidfd_getfd on the pidfd of the handshake).
+using PeerFdTaker = std::function<absl::StatusOr<UniqueFd>(int peer_fd)>;
+
+// A handle exported by the trainer: legacy IPC bytes, or an fd in the peer.
+struct GpuHandleRef {
+  std::string ipc_handle;  // cudaIpcMemHandle_t / cudaIpcEventHandle_t bytes
+  int peer_fd = -1;        // used when ipc_handle is empty
+};
+
+// One physical allocation under a region, as the trainer exported it.
+struct GpuPiece {
+  GpuHandleRef handle;
+  uint64_t allocation_bytes = 0;  // size of the whole allocation
+  uint64_t offset = 0;            // of this piece from the allocation's start
+  uint64_t length = 0;            // bytes of the region in this allocation
+};
+
+// Trainer device memory mapped into this process, contiguously over all the
+// region's pieces. Unmapped (and the import released) when destroyed, so
+// the daemon never keeps a trainer's allocation alive longer than this.
+class GpuMapping {
+ public:
+  virtual ~GpuMapping() = default;
+  // Device address of the region's first byte in this process.
+  virtual uint64_t address() const = 0;
+  virtual uint64_t length() const = 0;
+};
+
+// An interprocess event opened in this process.
+//
+// Events are not CUDA IPC events: a wait on one of those stays tied to the
+// record it saw, and when the recording process dies mid-way (a daemon
+// killed during a save's copies, a trainer killed before its stream
+// reached the save point) that record never completes and the waiting
+// stream hangs for good; measured on an H100, nothing the survivor does
+// releases it. An event here is a semaphore in one page of host memory
+// that both processes map (a memfd the trainer creates; the daemon takes it
+// with pidfd_getfd): `recorded` counts records (bumped by the CPU at
+// enqueue), `completed` is the highest record a stream has reached
+// (written by the stream, cuStreamWriteValue32 after a memory fence). A
+// wait enqueued on a stream waits (cuStreamWaitValue32, cyclic >=) for the
+// `recorded` value it read at enqueue: CUDA's "most recent record" rule.
+// And the survivor of a dead peer can complete the records from its CPU.
+class GpuEvent {
+ public:
+  virtual ~GpuEvent() = default;
+  // Completes, from the CPU, every record made so far, so that every wait
+  // on them ends. Only for an event whose recording process is gone (or
+  // will never reach its records): otherwise the waits end early.
+  virtual absl::Status CompleteRecorded() = 0;
+};
+
+// Completion of the work enqueued on a stream before it.
+class GpuFence {
+ public:
+  virtual ~GpuFence() = default;
+  // True once complete; an error if the work failed.
+  virtual absl::StatusOr<bool> Ready() = 0;
+  // Waits until complete, DeadlineExceeded after `timeout`.
+  virtual absl::Status Wait(absl::Duration timeout) = 0;
+};
+
+// `length` bytes between device address `device` (in this process) and
+// host memory `host`.
+struct GpuCopy {
+  uint64_t device = 0;
+  char* host = nullptr;
+  uint64_t length = 0;
+};
+
+// An ordered queue of copies on one device (a dedicated copy stream).
+class GpuStream {
+ public:
+  virtual ~GpuStream() = default;
+  virtual absl::Status WaitEvent(GpuEvent& event) = 0;
+  virtual absl::Status RecordEvent(GpuEvent& event) = 0;
+  // Enqueues device-to-host copies; `host` must be registered memory.
+  virtual absl::Status CopyToHost(absl::Span<const GpuCopy> copies) = 0;
+  // Enqueues host-to-device copies; `host` must be registered memory.
+  virtual absl::Status CopyToDevice(absl::Span<const GpuCopy> copies) = 0;
+  virtual absl::StatusOr<std::unique_ptr<GpuFence>> Fence() = 0;
+};
+
+class GpuDevice {
+ public:
+  virtual ~GpuDevice() = default;
+  // "cuda" or "simulated".
+  virtual std::string name() const = 0;
+  // This process's ordinal of the device with `uuid` (16 bytes, as
+  // cudaDeviceProp::uuid). FailedPrecondition when there is no usable
+  // driver or device, NotFound for an unknown uuid.
+  virtual absl::StatusOr<int> FindDevice(const std::string& uuid) = 0;
+  // Maps the pieces contiguously, in order, on `device`.
+  virtual absl::StatusOr<std::unique_ptr<GpuMapping>> Map(
+      int device, absl::Span<const GpuPiece> pieces,
+      const PeerFdTaker& take_fd) = 0;
+  // Opens a trainer's interprocess event.
+  virtual absl::StatusOr<std::unique_ptr<GpuEvent>> OpenEvent(
+      int device, const GpuHandleRef& handle, const PeerFdTaker& take_fd) = 0;
+  virtual absl::StatusOr<std::unique_ptr<GpuStream>> CreateStream(int device) = 0;
+  // Pins `length` bytes of host memory for DMA by every device (in chunks:
+  // single registrations of very large ranges fail on recent drivers).
+  // Chunks are `chunk_bytes` or smaller, aligned to it from `data`, so any
+  // buffer of a size dividing chunk_bytes lies inside one chunk.
+  virtual absl::Status RegisterHostMemory(char* data, uint64_t length,
+                                          uint64_t chunk_bytes) = 0;
+  virtual absl::Status UnregisterHostMemory(char* data, uint64_t length,
+                                            uint64_t chunk_bytes) = 0;
+};
+
+}  // namespace ckpt

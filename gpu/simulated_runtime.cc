@@ -1,0 +1,275 @@
+#include "gpu/simulated_runtime.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace ckpt {
+
+namespace {
+constexpr char kUuidPrefix[] = "ckpt-sim-gpu";  // 12 bytes + 4-byte ordinal
+static_assert(sizeof(kUuidPrefix) - 1 + 4 == 16);
+}  // namespace
+
+std::string SimulatedDeviceUuid(int ordinal) {
+  std::string uuid(kUuidPrefix);
+  const uint32_t value = static_cast<uint32_t>(ordinal);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    uuid.push_back(static_cast<char>((value >> shift) & 0xff));
+  }
+  return uuid;
+}
+
+absl::StatusOr<int> SimulatedDeviceOrdinal(absl::string_view uuid,
+                                           int device_count) {
+  for (int i = 0; i < device_count; ++i) {
+    if (uuid == SimulatedDeviceUuid(i)) return i;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no simulated device has uuid of ", uuid.size(), " bytes '",
+                   absl::CHexEscape(uuid), "' (", device_count, " devices)"));
+}
+
+uint64_t SimulatedPageSize() {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+absl::StatusOr<UniqueFd> CreateSimulatedAllocation(uint64_t bytes,
+                                                   const char* name) {
+  if (bytes == 0 || bytes % SimulatedPageSize() != 0 ||
+      bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a simulated allocation of ", bytes,
+                     " bytes: the size must be a positive multiple of ",
+                     SimulatedPageSize()));
+  }
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoToStatus(errno, "memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoToStatus(errno,
+                         absl::StrCat("ftruncate of a memfd to ", bytes));
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS,
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoToStatus(errno, "sealing a memfd");
+  }
+  return fd;
+}
+
+absl::Status CheckSimulatedAllocation(int fd, uint64_t bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat");
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        "the fd is not simulated device memory (not a memfd)");
+  }
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocation_bytes ", bytes,
+                     " does not match the allocation's size ", st.st_size));
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 && errno == EINVAL) {
+    return absl::InvalidArgumentError(
+        "the fd is not simulated device memory (it cannot be sealed)");
+  }
+  if (seals < 0) return ErrnoToStatus(errno, "F_GET_SEALS");
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return absl::InvalidArgumentError(
+        "the allocation is not sealed against shrinking: its owner could "
+        "truncate it under the mapping");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> MapBackToBack(absl::Span<const int> fds,
+                                    absl::Span<const uint64_t> sizes,
+                                    uint64_t at) {
+  if (fds.empty() || fds.size() != sizes.size()) {
+    return absl::InvalidArgumentError("MapBackToBack: one size per fd");
+  }
+  uint64_t total = 0;
+  for (uint64_t size : sizes) {
+    if (size == 0 || size % SimulatedPageSize() != 0 ||
+        size > std::numeric_limits<uint64_t>::max() / 2 - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot map an allocation of ", size, " bytes"));
+    }
+    total += size;
+  }
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  if (at != 0) flags |= MAP_FIXED_NOREPLACE;
+  void* want = reinterpret_cast<void*>(at);
+  void* base = ::mmap(want, total, PROT_NONE, flags, -1, 0);
+  if (base == MAP_FAILED) {
+    return ErrnoToStatus(
+        errno, absl::StrCat("reserving ", total, " bytes of address space"));
+  }
+  if (at != 0 && base != want) {  // a kernel without MAP_FIXED_NOREPLACE
+    ::munmap(base, total);
+    return absl::AlreadyExistsError(
+        absl::StrCat("address 0x", absl::Hex(at), " is taken"));
+  }
+  char* cursor = static_cast<char*>(base);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (::mmap(cursor, sizes[i], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+               fds[i], 0) == MAP_FAILED) {
+      const int err = errno;
+      if (::munmap(base, total) != 0) {
+        LogError(ErrnoToStatus(errno, "munmap after a failed map").message());
+      }
+      return ErrnoToStatus(
+          err, absl::StrCat("mapping allocation ", i, " (fd ", fds[i], ")"));
+    }
+    cursor += sizes[i];
+  }
+  return static_cast<char*>(base);
+}
+
+namespace {
+
+// The counters live in memory another process maps: they must be atomic
+// without a lock (a lock would live in one process's memory only).
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free,
+              "interprocess events need lock-free 64-bit atomics");
+
+absl::StatusOr<uint64_t*> MapEventPage(int fd) {
+  const int fds[] = {fd};
+  const uint64_t sizes[] = {SimulatedPageSize()};
+  ASSIGN_OR_RETURN(char* page, MapBackToBack(fds, sizes));
+  return reinterpret_cast<uint64_t*>(page);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SimulatedEvent>> SimulatedEvent::Create() {
+  absl::StatusOr<UniqueFd> fd =
+      CreateSimulatedAllocation(SimulatedPageSize(), "ckpt-sim-event");
+  if (!fd.ok()) return Annotate(fd.status(), "creating an event page");
+  absl::StatusOr<uint64_t*> page = MapEventPage(fd->get());
+  if (!page.ok()) return Annotate(page.status(), "mapping a new event page");
+  // A new memfd reads as zeros: never recorded, nothing completed.
+  return std::shared_ptr<SimulatedEvent>(
+      new SimulatedEvent(*std::move(fd), *page));
+}
+
+absl::StatusOr<std::shared_ptr<SimulatedEvent>> SimulatedEvent::Open(
+    UniqueFd fd) {
+  absl::Status checked =
+      CheckSimulatedAllocation(fd.get(), SimulatedPageSize());
+  if (!checked.ok()) return Annotate(checked, "opening an event page");
+  absl::StatusOr<uint64_t*> page = MapEventPage(fd.get());
+  if (!page.ok()) return Annotate(page.status(), "mapping an event page");
+  return std::shared_ptr<SimulatedEvent>(
+      new SimulatedEvent(std::move(fd), *page));
+}
+
+SimulatedEvent::SimulatedEvent(UniqueFd fd, uint64_t* page)
+    : fd_(std::move(fd)), page_(page) {}
+
+SimulatedEvent::~SimulatedEvent() {
+  if (::munmap(page_, SimulatedPageSize()) != 0) {
+    LogError(ErrnoToStatus(errno, "munmap of an event page").message());
+  }
+}
+
+uint64_t SimulatedEvent::recorded() const {
+  return std::atomic_ref<uint64_t>(page_[0]).load(std::memory_order_acquire);
+}
+
+uint64_t SimulatedEvent::completed() const {
+  return std::atomic_ref<uint64_t>(page_[1]).load(std::memory_order_acquire);
+}
+
+uint64_t SimulatedEvent::EnqueueRecord() {
+  return std::atomic_ref<uint64_t>(page_[0]).fetch_add(
+             1, std::memory_order_acq_rel) +
+         1;
+}
+
+void SimulatedEvent::RecordCompleted() { Complete(EnqueueRecord()); }
+
+void SimulatedEvent::Complete(uint64_t target) {
+  // A maximum, not a plain store: records on two streams may be reached out
+  // of order, and `completed` must never go back.
+  std::atomic_ref<uint64_t> completed(page_[1]);
+  uint64_t now = completed.load(std::memory_order_acquire);
+  while (now < target && !completed.compare_exchange_weak(
+                             now, target, std::memory_order_release,
+                             std::memory_order_acquire)) {
+  }
+}
+
+SimulatedStream::SimulatedStream() : worker_([this] { Run(); }) {}
+
+SimulatedStream::~SimulatedStream() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_.store(true, std::memory_order_release);
+  }
+  worker_.join();
+}
+
+void SimulatedStream::Enqueue(std::function<void()> work) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
+}
+
+void SimulatedStream::Synchronize() {
+  absl::Notification done;
+  Enqueue([&done] { done.Notify(); });
+  done.WaitForNotification();
+}
+
+void SimulatedStream::RecordEvent(std::shared_ptr<SimulatedEvent> event) {
+  const uint64_t target = event->EnqueueRecord();
+  Enqueue([event = std::move(event), target] { event->Complete(target); });
+}
+
+void SimulatedStream::WaitEvent(std::shared_ptr<SimulatedEvent> event) {
+  const uint64_t target = event->recorded();
+  Enqueue([this, event = std::move(event), target] {
+    while (!event->Covers(target)) {
+      if (stopping_.load(std::memory_order_acquire)) {
+        abandoned_ = true;
+        return;
+      }
+      absl::SleepFor(kSimulatedEventPollInterval);
+    }
+  });
+}
+
+bool SimulatedStream::HasWorkOrStopping() const {
+  return !queue_.empty() || stopping_.load(std::memory_order_acquire);
+}
+
+void SimulatedStream::Run() {
+  for (;;) {
+    std::function<void()> work;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &SimulatedStream::HasWorkOrStopping));
+      if (queue_.empty()) return;  // stopping, and nothing left
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Dropped work is destroyed here, outside mu_: its captures may signal
+    // others (a fence that will never be reached reports Aborted).
+    if (!abandoned_) work();
+  }
+}
+
+}  // namespace ckpt

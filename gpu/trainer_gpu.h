@@ -1,0 +1,83 @@
+// TrainerGpu: the seam between libckpt and the trainer's GPU, client side.
+//
+// libckpt uses it to describe the trainer's device memory to the daemon and
+// to order the trainer's stream against the daemon's copies:
+//
+//   1. Export(address, length): the allocations under a region, as handles
+//      the daemon can open: a legacy cudaIpcMemHandle_t for cudaMalloc
+//      memory; for virtual-memory allocations (PyTorch's expandable
+//      segments) one POSIX-FD shareable handle per physical allocation,
+//      kept open here until the region is released so that the daemon can
+//      take a copy with pidfd_getfd.
+//   2. Events(device): a pair of interprocess events per device, created
+//      once: "ready" (the trainer records it on its stream right before a
+//      save call, after its last write to the saved tensors; the daemon's
+//      copies wait on it) and "staged" (the daemon records it after it
+//      enqueued the last copy of a save; the trainer's stream waits on it
+//      before the optimizer step mutates the tensors).
+//   3. AllocationIds(address, length): identities of the allocations under
+//      a region now. They change when the trainer frees and re-allocates
+//      the memory, even at the same address, so a save never reads an
+//      allocation the trainer has replaced.
+//
+// Implementations: CudaTrainerGpu (cuda/) and SimulatedTrainerGpu (gpu/).
+// A "stream" is the implementation's own: a cudaStream_t for CUDA (nullptr
+// is the legacy default stream), a SimulatedStream* for the simulation.
+//
+// Thread-safety: safe for concurrent use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "gpu/gpu_device.h"
+
+namespace ckpt {
+
+using GpuStreamHandle = void*;
+
+// A region's allocations, ready to send (proto CudaRegion).
+struct GpuRegionExport {
+  std::string device_uuid;         // 16 bytes
+  std::vector<GpuPiece> pieces;    // in address order, covering the region
+  std::vector<uint64_t> allocation_ids;  // one per piece
+  // Shareable-handle fds this process keeps open for the daemon to take;
+  // closed when the export is dropped (after the daemon mapped them).
+  std::vector<UniqueFd> fds;
+};
+
+// The two interprocess events of one device, as handles to send.
+struct GpuEventHandles {
+  GpuHandleRef ready;
+  GpuHandleRef staged;
+};
+
+class TrainerGpu {
+ public:
+  virtual ~TrainerGpu() = default;
+  virtual absl::StatusOr<GpuRegionExport> Export(uint64_t address,
+                                                 uint64_t length) = 0;
+  virtual absl::StatusOr<std::vector<uint64_t>> AllocationIds(
+      uint64_t address, uint64_t length) = 0;
+  // Creates the device's events on first use; the same handles afterwards.
+  virtual absl::StatusOr<GpuEventHandles> Events(
+      const std::string& device_uuid) = 0;
+  // Records "ready" on `stream` (no CPU wait).
+  virtual absl::Status RecordReady(const std::string& device_uuid,
+                                   GpuStreamHandle stream) = 0;
+  // Makes `stream` wait for "staged" (no CPU wait).
+  virtual absl::Status WaitStaged(const std::string& device_uuid,
+                                  GpuStreamHandle stream) = 0;
+  // Completes "staged" from this process's CPU (GpuEvent::CompleteRecorded
+  // on the trainer's side): a daemon that died after the trainer's stream
+  // began waiting on its staged event will never complete it, and this
+  // ends that wait. Only for a daemon known to be gone: while it lives, its
+  // copies may still be running.
+  virtual absl::Status SignalStaged(const std::string& device_uuid) = 0;
+};
+
+}  // namespace ckpt

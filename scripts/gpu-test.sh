@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and the GPU benchmark on a GPU machine, from the bundle
+# scripts/gpu-bundle.sh made (carried to the machine as gpu-bundle/): the
+# GPU benchmark (bench/run_gpu_benchmarks.sh), the [cuda] unit tests and
+# the GPU-path integration tests on the real device (and on the simulated
+# one). Results go to
+# $OUT (default: gpu-results/).
+#
+#   scripts/gpu-test.sh [--tests-only | --bench-only]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu-results}"
+mkdir -p "$out"
+bundle="$PWD/gpu-bundle"
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CKPT_TEST_BIN_DIR="$bundle/bin"
+# Test daemons write with O_DIRECT, which a tmpfs refuses: where /tmp is
+# one, use /var/tmp.
+if [ -z "${TMPDIR:-}" ] && [ "$(stat -f -c %T /tmp)" = tmpfs ]; then
+  export TMPDIR=/var/tmp/ckptd-gpu-test
+  mkdir -p "$TMPDIR"
+fi
+mode="${1:-all}"
+status=0
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  uname -r
+} > "$out/machine.txt" 2>&1
+if [ "$mode" != "--tests-only" ]; then
+  CKPT_BIN_DIR="$bundle/bin" BENCH_LOG_DIR="$out/bench" timeout 300 \
+    bench/run_gpu_benchmarks.sh ${GPU_BENCH_BYTES:-} ${GPU_BENCH_SAVES:-} > "$out/bench.txt" 2>&1
+  echo "benchmark exit $?" | tee -a "$out/summary.txt"
+  tail -1 "$out/bench.txt"
+fi
+if [ "$mode" != "--bench-only" ]; then
+  timeout 150 "$bundle/bin/ckpt_unit_tests" '[cuda],[gpu]' --durations yes > "$out/unit.txt" 2>&1
+  echo "unit tests exit $?" | tee -a "$out/summary.txt"
+  timeout 240 "$bundle/bin/ckpt_integration_tests" '[gpu]' --durations yes > "$out/integration.txt" 2>&1
+  echo "integration tests exit $?" | tee -a "$out/summary.txt"
+fi
+grep -q "exit [^0]" "$out/summary.txt" && status=1
+exit $status

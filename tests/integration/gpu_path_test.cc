@@ -1,0 +1,311 @@
+// The GPU path end to end: real ckptd processes and real trainer processes,
+// on the simulated device everywhere and on the real one where CUDA and a
+// device exist (each case runs once per kind; the "cuda" kind is reported
+// skipped where it is missing).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/ckpt_client.h"
+#include "gpu/simulated_trainer_gpu.h"
+#include "integration/daemon_fixture.h"
+#include "integration/gpu_test_rank.h"
+#include "integration/test_gpu.h"
+#include "support/skip.h"
+
+namespace ckpt::testing {
+namespace {
+
+constexpr uint64_t kTensorBytes = 1 << 20;
+
+v1::DaemonStatusResponse Status(const std::string& socket) {
+  auto stub = v1::Ckptd::NewStub(DaemonChannel(socket));
+  grpc::ClientContext context;
+  v1::DaemonStatusResponse response;
+  REQUIRE(stub->DaemonStatus(&context, v1::DaemonStatusRequest(), &response).ok());
+  return response;
+}
+
+// Polls until the daemon maps `regions` GPU regions (or 10 s pass).
+uint32_t AwaitGpuRegions(const std::string& socket, uint32_t regions) {
+  uint32_t now = 0;
+  for (int i = 0; i < 500; ++i) {
+    now = Status(socket).gpu_regions();
+    if (now == regions) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return now;
+}
+
+// Mappings of simulated device memory in process `pid` (its memfds are
+// named "ckpt-sim-"); -1 where /proc cannot tell.
+int SimulatedMappings(pid_t pid) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  if (!maps) return -1;
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (absl::StrContains(line, "ckpt-sim-alloc")) ++n;
+  }
+  return n;
+}
+
+std::unique_ptr<TestGpu> GpuOrSkip(const std::string& kind) {
+  auto gpu = MakeTestGpu(kind);
+  if (!gpu.ok()) {
+    WARN("skipped: the " << kind << " device: " << gpu.status().ToString());
+    ::ckpt::testing::SkipRequested() = true;
+    return nullptr;
+  }
+  return *std::move(gpu);
+}
+
+std::vector<std::string> GpuFlags(const std::string& kind,
+                                  std::vector<std::string> more = {}) {
+  more.push_back(absl::StrCat("--gpu=", kind));
+  return more;
+}
+
+}  // namespace
+
+TEST_CASE("GPU tensors save and restore bit-exact through a pool smaller "
+          "than the state",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));  // 64 MiB pool; the state is 96 MiB
+  GpuTestRank rank(gpu.get(), daemon.socket(), "gpu", 3, 32, kTensorBytes);
+  rank.Upload(1);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
+  INFO(save.status().ToString());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
+  const absl::Status committed = (*save)->WaitCommitted();
+  INFO(committed.ToString());
+  REQUIRE(committed.ok());
+  CHECK((*save)->progress().copies_enqueued());
+
+  rank.Zero();
+  REQUIRE_FALSE(rank.Holds(1));
+  auto loaded = rank.client().Load(rank.LoadRequestFor("step-1"));
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  CHECK(rank.Holds(1));
+  REQUIRE(loaded->byte_items_size() == 1);
+  CHECK(loaded->byte_items(0).data() == "state of step-1");
+}
+
+TEST_CASE("a restarted GPU trainer restores from the daemon's memory tier",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind, {"--keep_in_memory_bytes=268435456"}));
+  {
+    GpuTestRank rank(gpu.get(), daemon.socket(), "tier", 2, 16, kTensorBytes);
+    rank.Upload(4);
+    auto save = rank.client().Save(rank.SaveRequestFor("step-4"), gpu->stream());
+    REQUIRE(save.ok());
+    REQUIRE((*save)->WaitCommitted().ok());
+  }  // the trainer exits
+  GpuTestRank restarted(gpu.get(), daemon.socket(), "tier", 2, 16, kTensorBytes);
+  auto loaded = restarted.client().Load(restarted.LoadRequestFor("latest"));
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->source() == "memory");
+  CHECK(restarted.Holds(4));
+}
+
+TEST_CASE("the daemon copies after the trainer's last queued write, and a "
+          "mutation queued after the GPU-side STAGED is not saved",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "order", 2, 8, kTensorBytes);
+  rank.Upload(1);
+  REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
+  // The stream is busy when the save is called: the step-2 bytes are
+  // written only after the delay, and the ready event after them.
+  REQUIRE(gpu->Delay(absl::Milliseconds(300)).ok());
+  rank.Upload(2);
+  const auto start = std::chrono::steady_clock::now();
+  auto save = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
+  // The CPU went on without waiting for the delay or the copies...
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(250));
+  // ...and the optimizer step's writes queue behind the daemon's copies.
+  for (int a = 0; a < 2; ++a) {
+    REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
+  }
+  REQUIRE((*save)->WaitCommitted().ok());
+  rank.Zero();
+  REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
+  CHECK(rank.Holds(2));
+}
+
+TEST_CASE("ten saves reuse the opened allocations; one freed and allocated "
+          "again in between is saved with its new bytes and its old mapping "
+          "released",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "reuse", 2, 4, kTensorBytes);
+  for (uint32_t step = 1; step <= 10; ++step) {
+    if (step == 6) rank.Reallocate(1);
+    rank.Upload(step);
+    auto save = rank.client().Save(rank.SaveRequestFor(absl::StrCat("step-", step)),
+                                   gpu->stream());
+    INFO("step " << step << ": " << save.status().ToString());
+    REQUIRE(save.ok());
+    REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
+    REQUIRE((*save)->WaitCommitted().ok());
+    // Two regions mapped at every step: the replaced one is gone.
+    CHECK(AwaitGpuRegions(daemon.socket(), 2) == 2);
+    if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 2);
+  }
+  for (uint32_t step : {5u, 6u, 10u}) {
+    rank.Zero();
+    REQUIRE(rank.client().Load(rank.LoadRequestFor(absl::StrCat("step-", step))).ok());
+    CHECK(rank.Holds(step));
+  }
+}
+
+TEST_CASE("every GPU mapping is released when the session ends",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  {
+    GpuTestRank rank(gpu.get(), daemon.socket(), "end", 3, 2, kTensorBytes);
+    CHECK(AwaitGpuRegions(daemon.socket(), 3) == 3);
+    if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 3);
+    REQUIRE(rank.client().ReleaseRegions({}).ok());
+  }
+  CHECK(AwaitGpuRegions(daemon.socket(), 0) == 0);
+  if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 0);
+}
+
+TEST_CASE("a trainer killed mid-copy fails its save, and the daemon releases "
+          "its mappings and keeps serving",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> probe = GpuOrSkip(kind);
+  if (probe == nullptr) return;
+  probe.reset();
+  DaemonProcess daemon(GpuFlags(kind, {"--gpu_copy_timeout_ms=20000"}));
+  // The trainer's stream holds its ready event back for a minute; the save
+  // call returns and the daemon waits on the GPU for the bytes.
+  BackgroundProcess trainer({GPU_TRAINER_BINARY, daemon.socket(), kind, "killed",
+                             "step-1", std::to_string(8 * kTensorBytes), "60000"});
+  for (int i = 0; i < 500 && Status(daemon.socket()).saves_size() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(Status(daemon.socket()).saves_size() == 1);
+  ::kill(trainer.pid(), SIGKILL);
+  const ProcessResult ended = trainer.Wait();
+  INFO(ended.out);
+  // Failed well before the copy timeout: the trainer's death ends the wait.
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1000 && Status(daemon.socket()).saves_size() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(Status(daemon.socket()).saves_size() == 0);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+  CHECK(AwaitGpuRegions(daemon.socket(), 0) == 0);
+  if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 0);
+  CHECK_FALSE(std::filesystem::exists(daemon.root() + "/killed/step-1/COMMIT"));
+
+  // The daemon still serves a new trainer of the same job.
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  REQUIRE(gpu != nullptr);
+  GpuTestRank rank(gpu.get(), daemon.socket(), "killed", 1, 4, kTensorBytes);
+  rank.Upload(3);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-3"), gpu->stream());
+  REQUIRE(save.ok());
+  CHECK((*save)->WaitCommitted().ok());
+}
+
+TEST_CASE("a daemon killed mid-copy loses no committed checkpoint and leaves "
+          "the trainer's stream free",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  {
+    GpuTestRank rank(gpu.get(), daemon.socket(), "crash", 2, 4, kTensorBytes);
+    rank.Upload(1);
+    auto first = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
+    REQUIRE(first.ok());
+    REQUIRE((*first)->WaitCommitted().ok());
+    // The second save's bytes are held back on the stream; the daemon dies
+    // while its copies wait for them.
+    REQUIRE(gpu->Delay(absl::Milliseconds(500)).ok());
+    rank.Upload(2);
+    auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+    REQUIRE(second.ok());
+    daemon.Kill();
+    CHECK_FALSE((*second)->WaitStagedOnStream(gpu->stream()).ok());
+    // The trainer's stream does not wait for a daemon that is gone.
+    CHECK(gpu->Synchronize(absl::Seconds(10)).ok());
+  }
+  daemon.Restart();
+  GpuTestRank rank(gpu.get(), daemon.socket(), "crash", 2, 4, kTensorBytes);
+  auto loaded = rank.client().Load(rank.LoadRequestFor("latest"));
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->checkpoint() == "step-1");
+  CHECK(rank.Holds(1));
+}
+
+TEST_CASE("a daemon without a GPU refuses CUDA regions with the reason and "
+          "keeps serving host regions",
+          "[integration][gpu]") {
+  DaemonProcess daemon({"--gpu=off"});
+  CHECK(Status(daemon.socket()).gpu() == "none");
+  SimulatedTrainerGpu gpu;
+  auto client = Client::Connect({.socket = daemon.socket(), .job = "nogpu",
+                                 .rank = 0, .world_size = 1, .gpu = &gpu});
+  REQUIRE(client.ok());
+  auto device = gpu.Allocate(1 << 20);
+  REQUIRE(device.ok());
+  auto refused = (*client)->RegisterGpuRegion(*device, 1 << 20);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(), "--gpu=off"));
+
+  std::vector<char> host(1 << 20, 'h');
+  auto region = (*client)->RegisterRegion(host.data(), host.size());
+  REQUIRE(region.ok());
+  v1::SaveRequest request;
+  request.set_job("nogpu");
+  request.set_checkpoint("step-1");
+  v1::TensorItem* item = request.add_tensors();
+  item->set_fqn("w");
+  item->set_dtype(v1::DTYPE_U8);
+  item->add_global_shape(host.size());
+  item->add_offsets(0);
+  item->add_local_shape(host.size());
+  item->mutable_memory()->set_region_id(*region);
+  item->mutable_memory()->set_length(host.size());
+  auto save = (*client)->Save(request);
+  REQUIRE(save.ok());
+  CHECK((*save)->WaitCommitted().ok());
+}
+
+}  // namespace ckpt::testing
