@@ -270,9 +270,13 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   v1::SaveResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->Save(&context, request, &response), "Save"));
-  return std::unique_ptr<SaveHandle>(new SaveHandle(
+  std::unique_ptr<SaveHandle> handle(new SaveHandle(
       stub_.get(), token_, response.save_id(), gpu, std::move(devices),
       handshake_.get()));
+  // A GPU save is followed at once: WaitStagedOnStream, which the trainer's
+  // CPU waits for, then finds the progress stream already open.
+  if (gpu != nullptr) handle->StartFollowing();
+  return handle;
 }
 
 absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {

@@ -12,6 +12,11 @@ namespace {
 
 // How often a wait checks that the trainer still runs.
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(50);
+// Copies are handed to the stream in batches of about this many bytes:
+// one batched call (and, only when someone waits, one fence) per batch
+// instead of per staging window keeps the enqueue of a save, which the
+// trainer's CPU waits for, at about a millisecond.
+constexpr uint64_t kSubmitBytes = 64ull << 20;
 // How long Drain waits for copies it released to finish.
 constexpr absl::Duration kDrainGrace = absl::Seconds(30);
 
@@ -35,7 +40,7 @@ void Quarantine(std::vector<std::shared_ptr<const GpuRegion>> regions) {
 
 PeerCopyOut::~PeerCopyOut() {
   // Every copy completed and was waited for: nothing can still run.
-  if (!failed_ && pending_.empty()) return;
+  if (!failed_ && pending_.empty() && fenced_through_ >= last_gpu_ticket_) return;
   // The caller drains before it lets its buffers go after an error; this
   // keeps the streams' work from outliving the regions it reads.
   if (!drained_) {
@@ -61,7 +66,7 @@ absl::StatusOr<uint64_t> PeerCopyOut::Enqueue(absl::Span<const CopySpan> spans) 
 
 absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> spans) {
   std::vector<CopySpan> host;
-  std::map<int, std::vector<GpuCopy>> gpu;
+  const uint64_t ticket = ++tickets_;
   for (const CopySpan& s : spans) {
     ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
                      regions_->Find(s.remote, s.length));
@@ -77,32 +82,70 @@ absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> s
       q->waited.push_back(region->ready.get());
     }
     q->staged.insert(region->staged.get());
-    gpu[region->device].push_back({region->Translate(s.remote), s.local, s.length});
+    const GpuCopy copy{region->Translate(s.remote), s.local, s.length};
+    GpuCopy* last = q->unsubmitted.empty() ? nullptr : &q->unsubmitted.back();
+    // Adjacent tensors of one allocation going to one staging buffer are
+    // one copy. Never across allocations (two mappings may lie back to back
+    // in this process) or buffers (they may lie in different pinned
+    // registrations): a copy must stay inside one of each.
+    if (last != nullptr && q->last_region == region.get() && q->last_ticket == ticket &&
+        last->device + last->length == copy.device &&
+        last->host + last->length == copy.host) {
+      last->length += copy.length;
+    } else {
+      q->unsubmitted.push_back(copy);
+      q->last_region = region.get();
+      q->last_ticket = ticket;
+    }
+    unsubmitted_bytes_ += s.length;
+    last_gpu_ticket_ = ticket;
     if (std::find(held_.begin(), held_.end(), region) == held_.end()) {
       held_.push_back(std::move(region));
     }
   }
-  const uint64_t ticket = ++tickets_;
-  Pending pending{ticket, {}};
-  for (auto& [device, copies] : gpu) {
-    GpuStream& stream = *devices_[device].stream;
-    RETURN_IF_ERROR(stream.CopyToHost(copies));
-    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream.Fence());
-    pending.fences.push_back(std::move(fence));
-  }
-  if (!pending.fences.empty()) pending_.push_back(std::move(pending));
+  if (unsubmitted_bytes_ >= kSubmitBytes) RETURN_IF_ERROR(Submit());
   if (!host.empty()) RETURN_IF_ERROR(host_->Read(host));
   return ticket;
 }
 
+absl::Status PeerCopyOut::Submit() {
+  for (auto& [device, q] : devices_) {
+    if (q.unsubmitted.empty()) continue;
+    RETURN_IF_ERROR(q.stream->CopyToHost(q.unsubmitted));
+    q.unsubmitted.clear();
+    q.unfenced = true;
+  }
+  unsubmitted_bytes_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::FenceAll() {
+  RETURN_IF_ERROR(Submit());
+  Pending pending{tickets_, {}};
+  for (auto& [device, q] : devices_) {
+    if (!q.unfenced) continue;
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
+    pending.fences.push_back(std::move(fence));
+    q.unfenced = false;
+  }
+  if (!pending.fences.empty()) pending_.push_back(std::move(pending));
+  fenced_through_ = tickets_;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> PeerCopyOut::Ready(uint64_t ticket) {
-  while (!pending_.empty() && pending_.front().ticket <= ticket) {
+  // Copies not yet fenced are not known to be done; asking would cost a
+  // fence per window, so they count as not ready until someone waits.
+  if (std::min(ticket, last_gpu_ticket_) > fenced_through_) return false;
+  while (!pending_.empty()) {
     for (auto& fence : pending_.front().fences) {
       absl::StatusOr<bool> ready = fence->Ready();
       if (!ready.ok()) failed_ = true;
       if (!ready.ok() || !*ready) return ready;
     }
+    const uint64_t covered = pending_.front().ticket;
     pending_.erase(pending_.begin());
+    if (covered >= ticket) break;
   }
   return true;
 }
@@ -130,7 +173,14 @@ absl::Status PeerCopyOut::AwaitFence(GpuFence& fence, absl::Duration timeout,
 }
 
 absl::Status PeerCopyOut::Wait(uint64_t ticket) {
-  while (!pending_.empty() && pending_.front().ticket <= ticket) {
+  if (std::min(ticket, last_gpu_ticket_) > fenced_through_) {
+    absl::Status fenced = FenceAll();
+    if (!fenced.ok()) {
+      failed_ = true;
+      return fenced;
+    }
+  }
+  while (!pending_.empty()) {
     for (auto& fence : pending_.front().fences) {
       absl::Status s =
           AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
@@ -139,12 +189,15 @@ absl::Status PeerCopyOut::Wait(uint64_t ticket) {
         return Annotate(s, "waiting for copies from GPU memory");
       }
     }
+    const uint64_t covered = pending_.front().ticket;
     pending_.erase(pending_.begin());
+    if (covered >= ticket) break;
   }
   return absl::OkStatus();
 }
 
 absl::Status PeerCopyOut::AllEnqueued() {
+  RETURN_IF_ERROR(Submit());
   for (auto& [device, q] : devices_) {
     for (GpuEvent* staged : q.staged) {
       RETURN_IF_ERROR(Annotate(q.stream->RecordEvent(*staged),
@@ -156,6 +209,9 @@ absl::Status PeerCopyOut::AllEnqueued() {
 
 absl::Status PeerCopyOut::Drain() {
   failed_ = true;
+  // Copies never submitted never run.
+  for (auto& [device, q] : devices_) q.unsubmitted.clear();
+  unsubmitted_bytes_ = 0;
   if (devices_.empty()) {
     drained_ = true;
     return absl::OkStatus();

@@ -5,10 +5,12 @@
 // copy from a region the stream waits on the region's ready event (which
 // the trainer recorded on its own stream right before the save call, after
 // its last write), then D2H copies go straight into the caller's pinned
-// staging buffers; a fence after each Enqueue tells when its copies are
-// done. AllEnqueued records the staged event of every region read, on its
+// staging buffers; fences tell when they are done. AllEnqueued records the staged event of every region read, on its
 // device's stream after the last copy: that is the GPU-side STAGED the
-// trainer's stream waits on.
+// trainer's stream waits on. Copies are handed to the streams in batches of
+// 64 MiB (adjacent tensors merged into one copy), and fenced only when
+// someone waits, so that enqueuing a whole save costs the trainer's CPU
+// little however many windows it has.
 //
 // A trainer that dies before its stream reaches the ready event leaves this
 // batch's streams waiting for a record that will never complete, with
@@ -59,15 +61,24 @@ class PeerCopyOut final : public CopyOutBatch {
  private:
   struct DeviceQueue {
     std::unique_ptr<GpuStream> stream;
-    std::vector<GpuEvent*> waited;  // ready events waited on
-    std::set<GpuEvent*> staged;     // staged events to record
+    std::vector<GpuEvent*> waited;     // ready events waited on
+    std::set<GpuEvent*> staged;        // staged events to record
+    std::vector<GpuCopy> unsubmitted;  // not yet handed to the stream
+    const GpuRegion* last_region = nullptr;  // of unsubmitted.back()
+    uint64_t last_ticket = 0;                // of unsubmitted.back()
+    bool unfenced = false;             // copies submitted since the last fence
   };
+  // Fences that cover every GPU copy of tickets up to `ticket`.
   struct Pending {
     uint64_t ticket;
     std::vector<std::unique_ptr<GpuFence>> fences;
   };
   absl::StatusOr<DeviceQueue*> Queue(int device);
   absl::StatusOr<uint64_t> EnqueueCopies(absl::Span<const CopySpan> spans);
+  // Hands the unsubmitted copies to their streams.
+  absl::Status Submit();
+  // Submits, then fences every stream with copies since its last fence.
+  absl::Status FenceAll();
   // Waits for `fence` at most `timeout`, failing early once the trainer is
   // gone (unless `ignore_peer`).
   absl::Status AwaitFence(GpuFence& fence, absl::Duration timeout, bool ignore_peer);
@@ -79,6 +90,9 @@ class PeerCopyOut final : public CopyOutBatch {
   std::map<int, DeviceQueue> devices_;
   std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read
   std::vector<Pending> pending_;  // in ticket order
+  uint64_t unsubmitted_bytes_ = 0;
+  uint64_t last_gpu_ticket_ = 0;  // the last ticket with GPU copies
+  uint64_t fenced_through_ = 0;   // GPU copies of tickets <= this are fenced
   bool failed_ = false;   // something went wrong: the end needs a Drain
   bool drained_ = false;  // Drain made sure nothing runs any more
 };
