@@ -1,6 +1,7 @@
 #include "client/ckpt_client.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -117,6 +118,10 @@ absl::StatusOr<uint64_t> Client::RegisterRegion(const void* address,
   v1::HostRegion* host = request.add_regions()->mutable_host();
   host->set_address(reinterpret_cast<uint64_t>(address));
   host->set_length(length);
+  return RegisterOne(request);
+}
+
+absl::StatusOr<uint64_t> Client::RegisterOne(const v1::RegisterRegionsRequest& request) {
   v1::RegisterRegionsResponse response;
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->RegisterRegions(&context, request, &response),
@@ -162,25 +167,11 @@ absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
     a->set_offset(piece.offset);
     a->set_length(piece.length);
   }
-  auto set_event = [](const GpuHandleRef& handle, v1::CudaEventRef* ref) {
-    if (handle.ipc_handle.empty()) {
-      ref->set_peer_fd(handle.peer_fd);
-    } else {
-      ref->set_ipc_event_handle(handle.ipc_handle);
-    }
-  };
-  set_event(events.ready, cuda->mutable_ready_event());
-  set_event(events.staged, cuda->mutable_staged_event());
-  v1::RegisterRegionsResponse response;
-  grpc::ClientContext context;
+  cuda->mutable_ready_event()->set_peer_fd(events.ready.peer_fd);
+  cuda->mutable_staged_event()->set_peer_fd(events.staged.peer_fd);
   // The exported fds stay open until the daemon has taken its copies.
-  RETURN_IF_ERROR(FromGrpc(stub_->RegisterRegions(&context, request, &response),
-                           "RegisterRegions"));
-  if (response.region_ids_size() != 1) {
-    return absl::InternalError("RegisterRegions returned no id");
-  }
   GpuRegistration r;
-  r.daemon_id = response.region_ids(0);
+  ASSIGN_OR_RETURN(r.daemon_id, RegisterOne(request));
   r.address = address;
   r.length = length;
   r.device_uuid = exported.device_uuid;
@@ -193,25 +184,68 @@ absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
   std::lock_guard lock(gpu_mu_);
   ASSIGN_OR_RETURN(GpuRegistration r, RegisterGpu(address, length));
   const uint64_t id = r.daemon_id;
+  if (std::find(gpu_devices_.begin(), gpu_devices_.end(), r.device_uuid) ==
+      gpu_devices_.end()) {
+    gpu_devices_.push_back(r.device_uuid);
+  }
   gpu_regions_[id] = std::move(r);
+  if (!daemon_watch_.joinable()) {
+    ASSIGN_OR_RETURN(watched_gpu_, Gpu());
+    watch_stop_.reset(::eventfd(0, EFD_CLOEXEC));
+    if (!watch_stop_.valid()) return ErrnoToStatus(errno, "eventfd");
+    daemon_watch_ = std::thread([this] { WatchDaemon(); });
+  }
   return id;
+}
+
+void Client::WatchDaemon() {
+  pollfd fds[2] = {{handshake_.get(), POLLRDHUP, 0}, {watch_stop_.get(), POLLIN, 0}};
+  for (;;) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "libckpt: cannot watch the daemon: %s\n", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;  // the client is closing
+    if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) break;
+  }
+  std::lock_guard lock(gpu_mu_);
+  for (const std::string& uuid : gpu_devices_) {
+    absl::Status s = watched_gpu_->SignalStaged(uuid);
+    if (!s.ok()) {
+      std::fprintf(stderr, "libckpt: the daemon exited; cannot release a staged wait: %s\n",
+                   s.ToString().c_str());
+    }
+  }
+}
+
+Client::~Client() {
+  if (daemon_watch_.joinable()) {
+    const uint64_t one = 1;
+    // An eventfd write fails only if its counter would overflow.
+    if (::write(watch_stop_.get(), &one, sizeof(one)) != sizeof(one)) {
+      std::fprintf(stderr, "libckpt: cannot stop the daemon watcher: %s\n",
+                   std::strerror(errno));
+    }
+    daemon_watch_.join();
+  }
 }
 
 absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
   v1::ReleaseRegionsRequest request;
   request.set_session_token(token_);
-  {
-    std::lock_guard lock(gpu_mu_);
-    for (uint64_t id : ids) {
-      auto it = gpu_regions_.find(id);
-      request.add_region_ids(it == gpu_regions_.end() ? id : it->second.daemon_id);
-      if (it != gpu_regions_.end()) gpu_regions_.erase(it);
-    }
+  std::lock_guard lock(gpu_mu_);
+  for (uint64_t id : ids) {
+    auto it = gpu_regions_.find(id);
+    request.add_region_ids(it == gpu_regions_.end() ? id : it->second.daemon_id);
   }
   v1::ReleaseRegionsResponse response;
   grpc::ClientContext context;
-  return FromGrpc(stub_->ReleaseRegions(&context, request, &response),
-                  "ReleaseRegions");
+  RETURN_IF_ERROR(FromGrpc(stub_->ReleaseRegions(&context, request, &response),
+                           "ReleaseRegions"));
+  // Forgotten only once the daemon released them: a retry sends the same ids.
+  for (uint64_t id : ids) gpu_regions_.erase(id);
+  return absl::OkStatus();
 }
 
 void Client::RemapRegionIds(
@@ -271,8 +305,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   grpc::ClientContext context;
   RETURN_IF_ERROR(FromGrpc(stub_->Save(&context, request, &response), "Save"));
   std::unique_ptr<SaveHandle> handle(new SaveHandle(
-      stub_.get(), token_, response.save_id(), gpu, std::move(devices),
-      handshake_.get()));
+      stub_.get(), token_, response.save_id(), gpu, std::move(devices)));
   // A GPU save is followed at once: WaitStagedOnStream, which the trainer's
   // CPU waits for, then finds the progress stream already open.
   if (gpu != nullptr) handle->StartFollowing();
@@ -300,14 +333,12 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& 
 }
 
 SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
-                       TrainerGpu* gpu, std::vector<std::string> gpu_devices,
-                       int handshake_fd)
+                       TrainerGpu* gpu, std::vector<std::string> gpu_devices)
     : stub_(stub),
       token_(std::move(token)),
       id_(id),
       gpu_(gpu),
-      gpu_devices_(std::move(gpu_devices)),
-      handshake_fd_(handshake_fd) {
+      gpu_devices_(std::move(gpu_devices)) {
   progress_.set_save_id(id);
   progress_.set_phase(v1::PHASE_ACCEPTED);
 }
@@ -343,31 +374,6 @@ void SaveHandle::Follow() {
     }
     changed_.notify_all();
   }
-  ReleaseStagedWaitsIfDaemonGone();
-}
-
-void SaveHandle::ReleaseStagedWaitsIfDaemonGone() {
-  {
-    std::lock_guard lock(mu_);
-    // A final phase means the daemon answered to the end: its staged
-    // records were made and complete with its copies.
-    if (!ended_ || !gpu_waits_ || IsFinal(progress_.phase())) return;
-  }
-  // The daemon closes the session socket only when it exits; a stream that
-  // ended for another reason leaves the waits alone (the daemon's copies
-  // may still be running, and they end the waits themselves).
-  pollfd p{handshake_fd_, POLLRDHUP, 0};
-  const int n = ::poll(&p, 1, /*timeout_ms=*/2000);
-  if (n <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return;
-  std::call_once(release_once_, [&] {
-    for (const std::string& uuid : gpu_devices_) {
-      absl::Status s = gpu_->SignalStaged(uuid);
-      if (!s.ok()) {
-        std::fprintf(stderr, "libckpt: cannot release the staged wait: %s\n",
-                     s.ToString().c_str());
-      }
-    }
-  });
 }
 
 absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
@@ -402,12 +408,6 @@ absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
   for (const std::string& uuid : gpu_devices_) {
     RETURN_IF_ERROR(gpu_->WaitStaged(uuid, stream));
   }
-  {
-    std::lock_guard lock(mu_);
-    gpu_waits_ = !gpu_devices_.empty();
-  }
-  // The daemon may have died in the meantime.
-  ReleaseStagedWaitsIfDaemonGone();
   return absl::OkStatus();
 }
 absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); }

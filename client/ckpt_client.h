@@ -102,11 +102,7 @@ class SaveHandle {
  private:
   friend class Client;
   SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
-             TrainerGpu* gpu, std::vector<std::string> gpu_devices, int handshake_fd);
-  // After the progress stream ended early: if the trainer's streams wait on
-  // the daemon's staged events and the daemon is gone, completes them here
-  // (the daemon never will), so the trainer's GPU does not hang.
-  void ReleaseStagedWaitsIfDaemonGone();
+             TrainerGpu* gpu, std::vector<std::string> gpu_devices);
   void Follow();
   void StartFollowing();
   // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED).
@@ -117,9 +113,7 @@ class SaveHandle {
   const uint64_t id_;
   TrainerGpu* const gpu_;                       // null without GPU regions
   const std::vector<std::string> gpu_devices_;  // uuids the save reads
-  const int handshake_fd_;  // the client's session socket (borrowed)
   grpc::ClientContext context_;
-  std::once_flag release_once_;
   std::once_flag follow_once_;
   std::thread follower_;
 
@@ -128,14 +122,13 @@ class SaveHandle {
   v1::SaveProgress progress_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_error_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  // A trainer stream waits on the staged events (WaitStagedOnStream).
-  bool gpu_waits_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const ConnectOptions& options);
+  ~Client();
 
   // Registers [address, address+length) of this process; returns its id.
   absl::StatusOr<uint64_t> RegisterRegion(const void* address, uint64_t length);
@@ -172,8 +165,15 @@ class Client {
   Client(ConnectOptions options, UniqueFd handshake, std::string token,
          uint32_t daemon_pid, std::shared_ptr<grpc::Channel> channel);
 
+  // Sends a RegisterRegions request of one region; returns its id.
+  absl::StatusOr<uint64_t> RegisterOne(const v1::RegisterRegionsRequest& request);
   // Replaces the application's GPU region ids with the daemon's current ones.
   void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors);
+  // Watches the session socket once GPU regions exist: the daemon closes it
+  // only by exiting, and then its staged events will never complete, so
+  // the watcher completes them here (TrainerGpu::SignalStaged) and no
+  // trainer stream waits for a daemon that is gone.
+  void WatchDaemon();
   // The GPU seam, created on first use when options_.gpu is null.
   absl::StatusOr<TrainerGpu*> Gpu() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
   // Exports and registers one GPU region; the daemon assigns a new id.
@@ -191,6 +191,11 @@ class Client {
   std::unique_ptr<TrainerGpu> own_gpu_ ABSL_GUARDED_BY(gpu_mu_);
   // Live GPU regions by the id the application holds.
   std::map<uint64_t, GpuRegistration> gpu_regions_ ABSL_GUARDED_BY(gpu_mu_);
+  // Devices whose staged events a trainer stream may wait on.
+  std::vector<std::string> gpu_devices_ ABSL_GUARDED_BY(gpu_mu_);
+  TrainerGpu* watched_gpu_ ABSL_GUARDED_BY(gpu_mu_) = nullptr;
+  UniqueFd watch_stop_;  // eventfd that ends the watcher
+  std::thread daemon_watch_;
 };
 
 }  // namespace ckpt

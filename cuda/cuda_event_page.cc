@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/sealed_memfd.h"
 #include "common/status.h"
 
 namespace ckpt::cuda_internal {
@@ -55,46 +56,14 @@ void WarnUnless(CUresult result, absl::string_view what) {
 }  // namespace
 
 absl::Status CheckEventPageFd(int fd) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0)
-    return ErrnoToStatus(errno, "fstat of an event fd");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        "the event fd is not an event page (not a regular file)");
-  }
-  if (static_cast<uint64_t>(st.st_size) != PageSize()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the event fd is not an event page: ", st.st_size,
-                     " bytes, not one page of ", PageSize()));
-  }
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 && errno == EINVAL) {
-    return absl::InvalidArgumentError(
-        "the event fd is not an event page (not a memfd: it has no seals)");
-  }
-  if (seals < 0) return ErrnoToStatus(errno, "F_GET_SEALS of an event fd");
-  if ((seals & F_SEAL_SHRINK) == 0) {
-    return absl::InvalidArgumentError(
-        "the event page is not sealed against shrinking: its owner could "
-        "truncate it under our mapping");
-  }
-  return absl::OkStatus();
+  return CheckSealedMemfd(fd, PageSize(), "an event page");
 }
 
 absl::StatusOr<std::unique_ptr<EventPage>> EventPage::Create(
     int device, const CuCheck& check) {
   ASSIGN_OR_RETURN(const CudaDriverApi* api, CudaDriver());
-  UniqueFd fd(
-      ::memfd_create("ckpt-cuda-event", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoToStatus(errno, "memfd_create of an event page");
-  if (::ftruncate(fd.get(), static_cast<off_t>(PageSize())) != 0) {
-    return ErrnoToStatus(errno, "ftruncate of an event page");
-  }
   // The daemon refuses a page that could shrink under its mapping.
-  if (::fcntl(fd.get(), F_ADD_SEALS,
-              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ErrnoToStatus(errno, "sealing an event page");
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, CreateSealedMemfd("ckpt-cuda-event", PageSize()));
   // A new memfd reads as zeros: never recorded, nothing completed.
   ASSIGN_OR_RETURN(uint32_t * words, MapPage(fd.get()));
   std::unique_ptr<EventPage> page(

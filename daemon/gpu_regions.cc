@@ -9,33 +9,30 @@
 namespace ckpt {
 namespace {
 
-// An event's cache key: its kind and handle.
+// An event's cache key: its device and the page's fd number in the peer.
 std::string EventKey(int device, const v1::CudaEventRef& ref) {
-  if (ref.handle_case() == v1::CudaEventRef::kPeerFd) {
-    return absl::StrCat(device, "/fd/", ref.peer_fd());
-  }
-  return absl::StrCat(device, "/ipc/", ref.ipc_event_handle());
+  return absl::StrCat(device, "/fd/", ref.peer_fd());
 }
 
-absl::StatusOr<GpuHandleRef> EventHandle(const v1::CudaEventRef& ref,
-                                         absl::string_view what) {
-  GpuHandleRef handle;
-  switch (ref.handle_case()) {
-    case v1::CudaEventRef::kIpcEventHandle:
-      handle.ipc_handle = ref.ipc_event_handle();
-      return handle;
-    case v1::CudaEventRef::kPeerFd:
-      if (ref.peer_fd() < 0) break;
-      handle.peer_fd = ref.peer_fd();
-      return handle;
-    default:
-      break;
+absl::StatusOr<GpuHandleRef> EventHandle(const v1::CudaEventRef& ref) {
+  if (ref.handle_case() != v1::CudaEventRef::kPeerFd || ref.peer_fd() < 0) {
+    return absl::InvalidArgumentError("CUDA region has no valid event fd");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("CUDA region has no valid ", what, " event handle"));
+  GpuHandleRef handle;
+  handle.peer_fd = ref.peer_fd();
+  return handle;
 }
 
 }  // namespace
+
+void QuarantineRegions(std::vector<std::shared_ptr<const GpuRegion>> regions) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* kept = new std::vector<std::shared_ptr<const GpuRegion>>();
+  absl::MutexLock lock(&mu);
+  LogError("keeping ", regions.size(), " GPU mappings whose copies did not end "
+           "mapped for the daemon's life");
+  for (auto& r : regions) kept->push_back(std::move(r));
+}
 
 GpuRegions::GpuRegions(GpuBackend* backend, PeerFdTaker take_fd,
                        absl::Duration copy_timeout)
@@ -51,7 +48,7 @@ absl::StatusOr<std::shared_ptr<GpuEvent>> GpuRegions::OpenEvent(
   const std::string key = EventKey(device, ref);
   auto it = events_.find(key);
   if (it != events_.end()) return it->second;
-  ASSIGN_OR_RETURN(GpuHandleRef handle, EventHandle(ref, "an"));
+  ASSIGN_OR_RETURN(GpuHandleRef handle, EventHandle(ref));
   ASSIGN_OR_RETURN(std::unique_ptr<GpuEvent> event,
                    device_->OpenEvent(device, handle, take_fd_));
   std::shared_ptr<GpuEvent> shared = std::move(event);
@@ -100,14 +97,16 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
           ") is empty or outside its allocation of ", piece.allocation_bytes,
           " bytes"));
     }
+    if (piece.length > n - covered) {
+      covered = n + 1;  // more than the region: refused below
+      break;
+    }
     covered += piece.length;
-    if (covered > n) break;
     pieces.push_back(std::move(piece));
   }
   if (covered != n) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA region of ", n, " bytes is covered by allocations of ", covered,
-        " bytes"));
+        "CUDA region of ", n, " bytes is not covered exactly by its allocations"));
   }
   ASSIGN_OR_RETURN(const int device, device_->FindDevice(r.device_uuid()));
   auto region = std::make_shared<GpuRegion>();
@@ -124,6 +123,7 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
   }
   region->mapping = std::move(mapping);
 
+  std::vector<std::shared_ptr<const GpuRegion>> replaced;  // unmapped unlocked
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(region->ready, OpenEvent(device, r.ready_event()));
   ASSIGN_OR_RETURN(region->staged, OpenEvent(device, r.staged_event()));
@@ -135,6 +135,7 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
     if (old.address + old.length > a) {
       LogDebug("GPU region ", old.id, " replaced by region ", id);
       released_.emplace_back(old.address, old.address + old.length);
+      replaced.push_back(std::move(it->second));
       it = live_.erase(it);
     } else {
       ++it;
@@ -145,12 +146,14 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
 }
 
 void GpuRegions::Release(uint64_t id) {
+  std::shared_ptr<const GpuRegion> gone;  // unmapped after unlocking
   absl::MutexLock lock(&mu_);
   for (auto it = live_.begin(); it != live_.end(); ++it) {
     if (it->second->id != id) continue;
     released_.emplace_back(it->first, it->first + it->second->length);
+    gone = std::move(it->second);
     live_.erase(it);
-    return;
+    break;
   }
 }
 
@@ -213,23 +216,43 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
     held.push_back(std::move(region));
   }
   absl::MutexLock lock(&copy_mu_);
+  // Every stream that was given copies gets a fence, and every fence is
+  // waited for, error or not: the host memory is a staging buffer or a tier
+  // image that the caller reuses once this returns.
+  absl::Status status;
   std::vector<std::unique_ptr<GpuFence>> fences;
   for (auto& [device, copies] : by_device) {
     // A memory tier image is pinned in chunks; a copy must not span two.
     backend_->SplitAtChunks(&copies);
     std::unique_ptr<GpuStream>& stream = copy_streams_[device];
     if (stream == nullptr) {
-      ASSIGN_OR_RETURN(stream, device_->CreateStream(device));
+      absl::StatusOr<std::unique_ptr<GpuStream>> created = device_->CreateStream(device);
+      if (!created.ok()) {
+        status = created.status();
+        break;
+      }
+      stream = *std::move(created);
     }
-    RETURN_IF_ERROR(to_host ? stream->CopyToHost(copies) : stream->CopyToDevice(copies));
-    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream->Fence());
-    fences.push_back(std::move(fence));
+    status = to_host ? stream->CopyToHost(copies) : stream->CopyToDevice(copies);
+    absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
+    if (fence.ok()) {
+      fences.push_back(*std::move(fence));
+    } else if (status.ok()) {
+      status = fence.status();
+    }
+    if (!status.ok()) break;
   }
+  bool ended = true;
   for (auto& fence : fences) {
-    RETURN_IF_ERROR(Annotate(fence->Wait(copy_timeout_),
-                             to_host ? "copy from GPU" : "copy to GPU"));
+    absl::Status waited = fence->Wait(copy_timeout_);
+    if (!waited.ok()) {
+      ended = ended && !absl::IsDeadlineExceeded(waited);
+      if (status.ok()) status = waited;
+    }
   }
-  return absl::OkStatus();
+  // A copy that did not end must never run against unmapped memory.
+  if (!ended) QuarantineRegions(std::move(held));
+  return Annotate(status, to_host ? "copy from GPU" : "copy to GPU");
 }
 
 }  // namespace ckpt

@@ -51,6 +51,11 @@ struct GpuRegion {
   }
 };
 
+// Regions whose copies never ended: copies may still run against them, and
+// unmapping memory under a copy engine is a sticky error for every session
+// on the device, so they stay mapped for the daemon's life (logged).
+void QuarantineRegions(std::vector<std::shared_ptr<const GpuRegion>> regions);
+
 class GpuRegions {
  public:
   // `backend` may be null or have no device: then every Add fails, saying

@@ -36,6 +36,8 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
                                                const std::string& checkpoint,
                                                const std::string& file, uint64_t size) {
   if (size > budget_) return nullptr;
+  // Evicted images are unpinned and unmapped after the lock is released.
+  std::vector<std::shared_ptr<FileImage>> evicted;
   std::lock_guard lock(mu_);
   const std::string key = Key(job, checkpoint);
   // Evict other checkpoints, oldest first, skipping images a load holds.
@@ -56,7 +58,11 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
     if (oldest == nullptr) return nullptr;
     for (const auto& [name, image] : oldest->files) {
       used_ -= image->size();
-      if (reused == nullptr && image->size() == size) reused = image;
+      if (reused == nullptr && image->size() == size) {
+        reused = image;
+      } else {
+        evicted.push_back(image);
+      }
     }
     checkpoints_.erase(oldest_key);
   }
@@ -73,18 +79,23 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
 }
 
 void MemoryTier::MarkCommitted(const std::string& job, const std::string& checkpoint) {
+  std::lock_guard lock(mu_);
+  auto it = checkpoints_.find(Key(job, checkpoint));
+  if (it != checkpoints_.end()) it->second.committed = true;
+}
+
+void MemoryTier::Pin(const std::string& job, const std::string& checkpoint) {
+  ImagePinner* pinner = pinner_.load();
+  if (pinner == nullptr) return;
   std::vector<std::shared_ptr<FileImage>> images;
   {
     std::lock_guard lock(mu_);
     auto it = checkpoints_.find(Key(job, checkpoint));
     if (it == checkpoints_.end()) return;
-    it->second.committed = true;
     for (const auto& [name, image] : it->second.files) images.push_back(image);
   }
   // Pinning takes a while for gigabytes; no lock is held, and a reused
   // image is pinned already.
-  ImagePinner* pinner = pinner_.load();
-  if (pinner == nullptr) return;
   for (const auto& image : images) image->PinWith(pinner);
 }
 

@@ -61,8 +61,7 @@ class MemoryTier {
  public:
   explicit MemoryTier(uint64_t budget) : budget_(budget) {}
 
-  // Images of committed checkpoints are pinned with `pinner` (which
-  // outlives the tier) from now on.
+  // Pin() pins with `pinner` (which outlives the tier) from now on.
   void SetPinner(ImagePinner* pinner);
 
   // An image of `size` bytes for a data file being written, or null when
@@ -71,6 +70,9 @@ class MemoryTier {
                                      const std::string& file, uint64_t size);
   // The checkpoint committed: its images may be read.
   void MarkCommitted(const std::string& job, const std::string& checkpoint);
+  // Pins the checkpoint's images with the pinner, if one is set (after
+  // COMMITTED is published: pinning gigabytes takes a while).
+  void Pin(const std::string& job, const std::string& checkpoint);
   // The checkpoint failed or was deleted: forget its images.
   void Drop(const std::string& job, const std::string& checkpoint);
   // A committed checkpoint's image of `file` whose size is `size`, or null.

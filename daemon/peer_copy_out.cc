@@ -22,39 +22,27 @@ constexpr absl::Duration kDrainGrace = absl::Seconds(30);
 
 }  // namespace
 
-namespace {
-
-// Regions of batches whose copies never ended: copies may still run from
-// them, and unmapping memory under a copy engine is a sticky error for
-// every session on the device, so they stay mapped for the daemon's life.
-void Quarantine(std::vector<std::shared_ptr<const GpuRegion>> regions) {
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* kept = new std::vector<std::shared_ptr<const GpuRegion>>();
-  absl::MutexLock lock(&mu);
-  LogError("keeping ", regions.size(), " GPU mappings of a save whose copies "
-           "did not end");
-  for (auto& r : regions) kept->push_back(std::move(r));
-}
-
-}  // namespace
-
 PeerCopyOut::~PeerCopyOut() {
   // Every copy completed and was waited for: nothing can still run.
   if (!failed_ && pending_.empty() && fenced_through_ >= last_gpu_ticket_) return;
   // The caller drains before it lets its buffers go after an error; this
   // keeps the streams' work from outliving the regions it reads.
-  if (!drained_) {
+  if (!drained_ && !drain_failed_) {
     absl::Status s = Drain();
     if (!s.ok()) LogError("GPU copies abandoned unfinished: ", s.ToString());
   }
-  if (!drained_) Quarantine(std::move(held_));
+  if (!drained_) QuarantineRegions(std::move(held_));
 }
 
 absl::StatusOr<PeerCopyOut::DeviceQueue*> PeerCopyOut::Queue(int device) {
+  auto it = devices_.find(device);
+  if (it != devices_.end()) return &it->second;
+  // Only a queue with a stream enters the map: every other method may use
+  // the stream of any queue there.
+  ASSIGN_OR_RETURN(std::unique_ptr<GpuStream> stream,
+                   regions_->device()->CreateStream(device));
   DeviceQueue& q = devices_[device];
-  if (q.stream == nullptr) {
-    ASSIGN_OR_RETURN(q.stream, regions_->device()->CreateStream(device));
-  }
+  q.stream = std::move(stream);
   return &q;
 }
 
@@ -202,6 +190,10 @@ absl::Status PeerCopyOut::AllEnqueued() {
     for (GpuEvent* staged : q.staged) {
       RETURN_IF_ERROR(Annotate(q.stream->RecordEvent(*staged),
                                absl::StrCat("record staged event on device ", device)));
+      // The record uses the event page: the batch ends only after it ran.
+      q.unfenced = true;
+      last_gpu_ticket_ = tickets_;
+      fenced_through_ = std::min(fenced_through_, tickets_ - 1);
     }
   }
   return absl::OkStatus();
@@ -219,23 +211,34 @@ absl::Status PeerCopyOut::Drain() {
   // A trainer that exited will never complete its ready events: complete
   // them here, which ends the waits on them. One that lives will (and
   // completing its events here could end the wait of its next save before
-  // its writes), so its copies are waited for as they are.
-  const bool trainer_gone = !alive_().ok();
-  for (auto& [device, q] : devices_) {
-    if (!trainer_gone) break;
-    for (GpuEvent* ready : q.waited) {
-      RETURN_IF_ERROR(Annotate(ready->CompleteRecorded(),
-                               "complete a dead trainer's ready event"));
+  // its writes), so its copies are waited for as they are, until it exits
+  // too.
+  auto complete_ready_events = [&]() -> absl::Status {
+    for (auto& [device, q] : devices_) {
+      for (GpuEvent* ready : q.waited) {
+        RETURN_IF_ERROR(Annotate(ready->CompleteRecorded(),
+                                 "complete a dead trainer's ready event"));
+      }
     }
-  }
+    return absl::OkStatus();
+  };
+  bool trainer_gone = !alive_().ok();
+  if (trainer_gone) RETURN_IF_ERROR(complete_ready_events());
   // Everything each stream was given, including work of an Enqueue that
   // failed half-way and left no fence.
   for (auto& [device, q] : devices_) {
     ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
-    absl::Status s =
-        AwaitFence(*fence, trainer_gone ? kDrainGrace : regions_->copy_timeout(),
-                   /*ignore_peer=*/true);
+    absl::Status s = absl::OkStatus();
+    if (!trainer_gone) {
+      s = AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
+      if (absl::IsUnavailable(s)) {  // the trainer exited meanwhile
+        trainer_gone = true;
+        RETURN_IF_ERROR(complete_ready_events());
+      }
+    }
+    if (trainer_gone) s = AwaitFence(*fence, kDrainGrace, /*ignore_peer=*/true);
     if (!s.ok()) {
+      drain_failed_ = true;
       return Annotate(s, absl::StrCat("draining the copies of device ", device));
     }
   }

@@ -95,6 +95,7 @@ class PeerCopyOut final : public CopyOutBatch {
   uint64_t fenced_through_ = 0;   // GPU copies of tickets <= this are fenced
   bool failed_ = false;   // something went wrong: the end needs a Drain
   bool drained_ = false;  // Drain made sure nothing runs any more
+  bool drain_failed_ = false;  // Drain could not: do not wait again
 };
 
 }  // namespace ckpt

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -219,7 +221,19 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
   }
   ShardWriter writer(pool_, &queue);
   ShardWriteProgress before;  // of the files already written
-  for (size_t f = 0; f < files.size(); ++f) {
+  // Files are written one after another, and only the last one's copies
+  // are still being enqueued while the trainer waits for copies_enqueued:
+  // the largest goes last, so the trainer waits for the smaller ones (the
+  // replicated small parameters a rank owns) to reach storage, not for it.
+  std::vector<size_t> order(files.size());
+  for (size_t f = 0; f < files.size(); ++f) order[f] = f;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return files[a].layout.file_size < files[b].layout.file_size;
+  });
+  part->results.assign(files.size(), ShardWriteResult());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t f = order[k];
+    const bool last = k + 1 == order.size();
     const PlannedFile& file = files[f];
     ShardWriteRequest req;
     req.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
@@ -237,7 +251,7 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     req.checksum_block_bytes = options_.checksum_block_bytes;
     req.source = part->session->memory();
     req.batch = batch->get();
-    req.last_file_of_batch = f + 1 == files.size();
+    req.last_file_of_batch = last;
     req.cancelled = &part->cancelled;
     req.limiter = &limiter_;
     const std::shared_ptr<FileImage> image =
@@ -253,7 +267,7 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
       }
       Notify(notify);
     };
-    if (f + 1 == files.size()) {
+    if (last) {
       req.on_enqueued = mark_enqueued;
       req.on_staged = mark_staged;
     }
@@ -265,7 +279,7 @@ void SaveCoordinator::RunPart(const std::shared_ptr<Part>& part,
     before.bytes_staged += result->file_size;
     before.bytes_written += result->file_size;
     tensor_bytes_written_ += file.tensor_bytes;
-    part->results.push_back(*std::move(result));
+    part->results[f] = *std::move(result);
   }
   FinishPart(part, absl::OkStatus());
 }
@@ -384,9 +398,11 @@ void SaveCoordinator::TryCommit(const std::shared_ptr<Checkpoint>& cp) {
   auto deleted = ApplyRetention(*store_, *leases_, cp->job, options_.keep_last);
   if (!deleted.ok()) {
     LogWarning("retention: ", deleted.status().ToString());
-    return;
+  } else {
+    for (const std::string& name : *deleted) tier_->Drop(cp->job, name);
   }
-  for (const std::string& name : *deleted) tier_->Drop(cp->job, name);
+  // For restores into GPU memory at the copy engine's speed.
+  tier_->Pin(cp->job, cp->name);
 }
 
 void SaveCoordinator::SetPhase(const std::shared_ptr<Checkpoint>& cp, v1::Phase phase) {

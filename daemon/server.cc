@@ -91,6 +91,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
     return absl::UnavailableError(
         absl::StrCat("cannot listen on unix:", options.socket));
   }
+  RETURN_IF_ERROR(sessions->Publish());
   LogInfo("ckptd listening on ", options.socket, " root ", options.root,
           " pool ", pool->pool_bytes(), " bytes, io backend ",
           workers->backend(), ", gpu ", gpu->name());

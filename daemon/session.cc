@@ -144,31 +144,34 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
                         absl::StrCat("CUDA region ", i));
     }
   }
-  std::lock_guard lock(mu_);
-  for (uint64_t id : ids) {
-    if (!regions_[id].gpu) continue;
-    if (status.ok()) {
-      regions_[id].released = false;
-    } else {
-      gpu_.Release(id);  // all or none
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t id = first; id < first + add.size(); ++id) {
+      if (!status.ok()) {
+        regions_[id].released = true;  // none of a failed request is usable
+      } else if (regions_[id].gpu) {
+        regions_[id].released = false;  // opened
+      }
     }
   }
-  if (!status.ok()) return status;
-  return ids;
+  if (status.ok()) return ids;
+  // Unmapping can take a while: not under the session's lock.
+  for (uint64_t id = first; id < first + add.size(); ++id) gpu_.Release(id);
+  return status;
 }
 
 absl::Status Session::ReleaseRegions(
     const google::protobuf::RepeatedField<uint64_t>& ids) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   for (uint64_t id : ids) {
     if (id >= regions_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown region id ", id));
     }
   }
-  for (uint64_t id : ids) {
-    regions_[id].released = true;
-    if (regions_[id].gpu) gpu_.Release(id);
-  }
+  for (uint64_t id : ids) regions_[id].released = true;
+  lock.unlock();
+  // Unmapping can take a while: not under the session's lock.
+  for (uint64_t id : ids) gpu_.Release(id);
   return absl::OkStatus();
 }
 
@@ -208,6 +211,18 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
   if (id == 0 || id > layouts_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown layout id ", id));
   }
+  // A layout holds the addresses it resolved when it was defined. Host
+  // memory of a released region may be anything now; a GPU region's
+  // address is checked again at every copy (a region registered again in
+  // place of a re-allocated one serves the same addresses).
+  for (const v1::TensorItem& item : layouts_[id - 1]->items) {
+    const Region& r = regions_[item.memory().region_id()];
+    if (!r.gpu && r.released) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layout ", id, " refers to region ", item.memory().region_id(),
+          ", which was released: define the layout again"));
+    }
+  }
   return layouts_[id - 1];
 }
 
@@ -220,17 +235,25 @@ absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("socket path too long: ", path));
   }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  // Bound under a temporary name; Publish gives it its name.
+  const std::string unpublished = UnpublishedPath(path);
+  if (unpublished.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", unpublished));
+  }
+  std::memcpy(addr.sun_path, unpublished.c_str(), unpublished.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", path));
+  for (const std::string& stale : {path, unpublished}) {
+    if (::unlink(stale.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", stale));
+    }
   }
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("bind ", path));
+    return ErrnoToStatus(errno, absl::StrCat("bind ", unpublished));
   }
   if (::listen(fd.get(), 128) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("listen ", path));
+    return ErrnoToStatus(errno, absl::StrCat("listen ", unpublished));
   }
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
@@ -258,6 +281,19 @@ SessionRegistry::~SessionRegistry() {
   }
   if (thread_.joinable()) thread_.join();
   ::unlink(path_.c_str());
+  ::unlink(UnpublishedPath(path_).c_str());
+}
+
+std::string SessionRegistry::UnpublishedPath(const std::string& path) {
+  return path + ".new";
+}
+
+absl::Status SessionRegistry::Publish() {
+  const std::string unpublished = UnpublishedPath(path_);
+  if (::rename(unpublished.c_str(), path_.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", unpublished, " to ", path_));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(

@@ -71,8 +71,10 @@ class Session {
   uint32_t local_world_size() const { return local_world_size_; }
   const std::string& job() const { return job_; }
 
-  // Registers host and CUDA regions, all or none; returns their ids. CUDA
-  // regions are opened now (their allocations mapped, their events opened).
+  // Registers host and CUDA regions; returns their ids. CUDA regions are
+  // opened now (their allocations mapped, their events opened); if one
+  // fails, none of the request's regions is usable (a live CUDA region that
+  // an opened one replaced stays released).
   absl::StatusOr<std::vector<uint64_t>> RegisterRegions(
       const google::protobuf::RepeatedPtrField<v1::Region>& regions);
   // Ends regions; a CUDA region's allocations are unmapped once no copy in
@@ -126,12 +128,18 @@ class SessionRegistry {
  public:
   using ClosedCallback = std::function<void(const std::shared_ptr<Session>&)>;
 
-  // Binds the handshake socket at `path` (replacing a stale one) with mode
-  // `mode`; `max_sessions` bounds the table.
+  // Binds the handshake socket for `path` (replacing a stale one) and
+  // starts accepting; `max_sessions` bounds the table. The socket appears
+  // at `path` only with Publish: a client that finds it there must find the
+  // gRPC service answering too, so the server publishes it after the
+  // service listens.
   static absl::StatusOr<std::unique_ptr<SessionRegistry>> Start(
       const std::string& path, uint32_t max_sessions, SessionGpu gpu,
       ClosedCallback on_closed);
   ~SessionRegistry();
+
+  // Gives the handshake socket its name (an atomic rename).
+  absl::Status Publish();
 
   // The session for `token`; Unauthenticated if unknown or closed.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& token) const;
@@ -142,6 +150,7 @@ class SessionRegistry {
  private:
   SessionRegistry(UniqueFd listener, UniqueFd wake, std::string path,
                   uint32_t max_sessions, SessionGpu gpu, ClosedCallback on_closed);
+  static std::string UnpublishedPath(const std::string& path);
   void Run();
   void Accept();
   void Close(int fd);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/sealed_memfd.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -56,43 +57,11 @@ absl::StatusOr<UniqueFd> CreateSimulatedAllocation(uint64_t bytes,
                      " bytes: the size must be a positive multiple of ",
                      SimulatedPageSize()));
   }
-  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return ErrnoToStatus(errno, "memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    return ErrnoToStatus(errno,
-                         absl::StrCat("ftruncate of a memfd to ", bytes));
-  }
-  if (::fcntl(fd.get(), F_ADD_SEALS,
-              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return ErrnoToStatus(errno, "sealing a memfd");
-  }
-  return fd;
+  return CreateSealedMemfd(name, bytes);
 }
 
 absl::Status CheckSimulatedAllocation(int fd, uint64_t bytes) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, "fstat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        "the fd is not simulated device memory (not a memfd)");
-  }
-  if (static_cast<uint64_t>(st.st_size) != bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("allocation_bytes ", bytes,
-                     " does not match the allocation's size ", st.st_size));
-  }
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 && errno == EINVAL) {
-    return absl::InvalidArgumentError(
-        "the fd is not simulated device memory (it cannot be sealed)");
-  }
-  if (seals < 0) return ErrnoToStatus(errno, "F_GET_SEALS");
-  if ((seals & F_SEAL_SHRINK) == 0) {
-    return absl::InvalidArgumentError(
-        "the allocation is not sealed against shrinking: its owner could "
-        "truncate it under the mapping");
-  }
-  return absl::OkStatus();
+  return CheckSealedMemfd(fd, bytes, "simulated device memory");
 }
 
 absl::StatusOr<char*> MapBackToBack(absl::Span<const int> fds,

@@ -253,15 +253,20 @@ TEST_CASE("a daemon killed mid-copy loses no committed checkpoint and leaves "
     auto first = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
     REQUIRE(first.ok());
     REQUIRE((*first)->WaitCommitted().ok());
-    // The second save's bytes are held back on the stream; the daemon dies
-    // while its copies wait for them.
+    // The second save's bytes are held back on the stream.
     REQUIRE(gpu->Delay(absl::Milliseconds(500)).ok());
     rank.Upload(2);
     auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
     REQUIRE(second.ok());
+    // The daemon enqueues its copies without waiting for the GPU, so the
+    // trainer's stream now waits on a staged event behind copies that wait
+    // for the delayed bytes; the daemon dies there and will never complete
+    // it.
+    REQUIRE((*second)->WaitStagedOnStream(gpu->stream()).ok());
     daemon.Kill();
-    CHECK_FALSE((*second)->WaitStagedOnStream(gpu->stream()).ok());
-    // The trainer's stream does not wait for a daemon that is gone.
+    CHECK_FALSE((*second)->WaitCommitted().ok());
+    // The trainer's stream does not wait for a daemon that is gone: libckpt
+    // sees the session socket hang up and completes the staged event.
     CHECK(gpu->Synchronize(absl::Seconds(10)).ok());
   }
   daemon.Restart();

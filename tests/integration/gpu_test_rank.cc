@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/pattern.h"
+#include "integration/test_rank.h"
 
 namespace ckpt::testing {
 namespace {
@@ -61,19 +62,8 @@ void GpuTestRank::DefineLayout() {
 }
 
 v1::TensorItem GpuTestRank::Item(int a, int index) const {
-  v1::TensorItem item;
-  item.set_fqn(absl::StrCat("model.block", a, ".layer", index, ".weight"));
-  item.set_dtype(v1::DTYPE_F32);
-  item.add_global_shape(tensor_bytes_ / 4096);
-  item.add_global_shape(1024);
-  item.add_offsets(0);
-  item.add_offsets(0);
-  item.add_local_shape(tensor_bytes_ / 4096);
-  item.add_local_shape(1024);
-  item.mutable_memory()->set_region_id(regions_[a]);
-  item.mutable_memory()->set_offset(index * tensor_bytes_);
-  item.mutable_memory()->set_length(tensor_bytes_);
-  return item;
+  return MatrixItem(absl::StrCat("model.block", a, ".layer", index, ".weight"),
+                    tensor_bytes_, regions_[a], index * tensor_bytes_);
 }
 
 void GpuTestRank::UploadAllocation(int a, uint32_t step) {

@@ -41,20 +41,26 @@ bool TestRank::Holds(uint32_t step) const {
 
 void TestRank::Zero() { std::memset(data_, 0, tensors_ * tensor_bytes_); }
 
-v1::TensorItem TestRank::Item(uint32_t index) const {
+v1::TensorItem MatrixItem(const std::string& fqn, uint64_t bytes, uint64_t region,
+                          uint64_t offset) {
   v1::TensorItem item;
-  item.set_fqn(absl::StrCat("model.layers.", index, ".weight"));
+  item.set_fqn(fqn);
   item.set_dtype(v1::DTYPE_F32);
-  item.add_global_shape(tensor_bytes_ / 4096);
+  item.add_global_shape(bytes / 4096);
   item.add_global_shape(1024);
   item.add_offsets(0);
   item.add_offsets(0);
-  item.add_local_shape(tensor_bytes_ / 4096);
+  item.add_local_shape(bytes / 4096);
   item.add_local_shape(1024);
-  item.mutable_memory()->set_region_id(region_);
-  item.mutable_memory()->set_offset(index * tensor_bytes_);
-  item.mutable_memory()->set_length(tensor_bytes_);
+  item.mutable_memory()->set_region_id(region);
+  item.mutable_memory()->set_offset(offset);
+  item.mutable_memory()->set_length(bytes);
   return item;
+}
+
+v1::TensorItem TestRank::Item(uint32_t index) const {
+  return MatrixItem(absl::StrCat("model.layers.", index, ".weight"), tensor_bytes_,
+                    region_, index * tensor_bytes_);
 }
 
 void TestRank::AddItems(

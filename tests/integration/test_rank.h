@@ -12,6 +12,11 @@
 
 namespace ckpt::testing {
 
+// A whole float32 tensor of `bytes` (a multiple of 4096), shaped
+// [bytes / 4096, 1024], at `offset` in region `region`.
+v1::TensorItem MatrixItem(const std::string& fqn, uint64_t bytes, uint64_t region,
+                          uint64_t offset);
+
 class TestRank {
  public:
   // Connects as rank 0 of a world of 1 and registers `tensors` tensors of

@@ -1,0 +1,144 @@
+// Tests of the trainer's side of the simulated GPU (SimulatedTrainerGpu):
+// allocations and their ids, exports, and the ready/staged events. The
+// daemon that dies before reaching its staged record is a forked child.
+#include "gpu/simulated_trainer_gpu.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gpu/simulated_runtime.h"
+#include "gpu/simulated_test_support.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::AwaitSignal;
+using ::ckpt::testing::ChildValue;
+using ::ckpt::testing::kPatience;
+using ::ckpt::testing::Signal;
+using ::ckpt::testing::TakeOwnFd;
+using ::ckpt::testing::TrainerChild;
+
+TEST_CASE(
+    "SignalStaged releases a trainer stream whose daemon died before "
+    "reaching its staged record",
+    "[gpu]") {
+  SimulatedTrainerGpu gpu;
+  const std::string uuid = SimulatedDeviceUuid(0);
+  auto events = gpu.Events(uuid);
+  REQUIRE(events.ok());
+  // The daemon, holding the event page by inheritance: it enqueues its
+  // staged record behind work that never ends, then dies.
+  TrainerChild daemon([&](int sock) {
+    auto staged = SimulatedEvent::Open(
+        ChildValue(TakeOwnFd(events->staged.peer_fd), "dup"));
+    CHILD_TRUE(staged.ok());
+    auto* stream = new SimulatedStream;  // dies with the process
+    stream->Enqueue([] { absl::Notification().WaitForNotification(); });
+    stream->RecordEvent(*staged);
+    CHILD_TRUE(Signal(sock));
+    ::_exit(0);
+    return 0;
+  });
+  REQUIRE(AwaitSignal(daemon.sock()));
+  REQUIRE(daemon.Join() == 0);
+
+  SimulatedStream stream;
+  absl::Notification passed;
+  REQUIRE(gpu.WaitStaged(uuid, &stream).ok());  // covers the dead record
+  stream.Enqueue([&] { passed.Notify(); });
+  CHECK_FALSE(passed.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  REQUIRE(gpu.SignalStaged(uuid).ok());
+  CHECK(passed.WaitForNotificationWithTimeout(kPatience));
+}
+
+// ---- The trainer side.
+
+TEST_CASE(
+    "An allocation freed and made again at the same address gets a new id",
+    "[gpu]") {
+  SimulatedTrainerGpu gpu;
+  absl::StatusOr<uint64_t> address = gpu.Allocate(4096);
+  REQUIRE(address.ok());
+  auto first = gpu.AllocationIds(*address, 4096);
+  REQUIRE(first.ok());
+  REQUIRE(first->size() == 1);
+
+  REQUIRE(gpu.Free(*address).ok());
+  CHECK(gpu.AllocationIds(*address, 4096).status().code() ==
+        absl::StatusCode::kNotFound);
+  absl::StatusOr<uint64_t> again = gpu.Allocate(4096, 0, *address);
+  REQUIRE(again.ok());
+  REQUIRE(*again == *address);
+  auto second = gpu.AllocationIds(*address, 4096);
+  REQUIRE(second.ok());
+  REQUIRE(second->size() == 1);
+  CHECK((*second)[0] != (*first)[0]);
+
+  // Ids are process-wide: another trainer object never repeats them.
+  SimulatedTrainerGpu other;
+  absl::StatusOr<uint64_t> elsewhere = other.Allocate(4096);
+  REQUIRE(elsewhere.ok());
+  auto third = other.AllocationIds(*elsewhere, 4096);
+  REQUIRE(third.ok());
+  CHECK((*third)[0] != (*first)[0]);
+  CHECK((*third)[0] != (*second)[0]);
+}
+
+TEST_CASE(
+    "Export and AllocationIds of memory that is not simulated device "
+    "memory are NotFound",
+    "[gpu]") {
+  SimulatedTrainerGpu gpu;
+  absl::StatusOr<uint64_t> address = gpu.Allocate(4096);
+  REQUIRE(address.ok());
+  std::vector<char> host(4096);
+  const uint64_t host_address = reinterpret_cast<uint64_t>(host.data());
+
+  absl::StatusOr<GpuRegionExport> exported = gpu.Export(host_address, 100);
+  CHECK(exported.status().code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(exported.status().message()),
+             Catch::Contains("not simulated device memory"));
+  CHECK(gpu.AllocationIds(host_address, 100).status().code() ==
+        absl::StatusCode::kNotFound);
+  // Past the allocation's end, and freeing what is not an allocation's start.
+  CHECK(gpu.Export(*address + 4000, 200).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(gpu.Free(*address + 8).code() == absl::StatusCode::kNotFound);
+  CHECK(gpu.Export(*address, 0).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "The trainer's events are created once per device and need a real "
+    "stream",
+    "[gpu]") {
+  SimulatedTrainerGpu gpu;
+  const std::string uuid = SimulatedDeviceUuid(1);
+  auto events = gpu.Events(uuid);
+  REQUIRE(events.ok());
+  auto again = gpu.Events(uuid);
+  REQUIRE(again.ok());
+  CHECK(again->ready.peer_fd == events->ready.peer_fd);
+  CHECK(again->staged.peer_fd == events->staged.peer_fd);
+  CHECK(events->ready.peer_fd != events->staged.peer_fd);
+  auto other = gpu.Events(SimulatedDeviceUuid(0));
+  REQUIRE(other.ok());
+  CHECK(other->ready.peer_fd != events->ready.peer_fd);
+
+  CHECK(gpu.Events(SimulatedDeviceUuid(2)).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(gpu.RecordReady(uuid, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(gpu.WaitStaged(uuid, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ckpt
