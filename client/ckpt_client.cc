@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +25,7 @@ namespace {
 
 constexpr size_t kTokenBytes = 16;
 constexpr int kMaxMessageBytes = 256 << 20;
+constexpr auto kHandshakeRetryFor = std::chrono::seconds(2);
 
 bool IsFinal(v1::Phase phase) {
   return phase == v1::PHASE_COMMITTED || phase == v1::PHASE_FAILED ||
@@ -39,9 +41,18 @@ absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Annotate(ErrnoToStatus(errno, absl::StrCat("connect ", path)),
-                    "is ckptd running?");
+  // A daemon that is starting publishes the handshake socket a moment after
+  // its gRPC service answers: a missing or refusing socket is tried again
+  // for a short while before it is an error.
+  const auto deadline = std::chrono::steady_clock::now() + kHandshakeRetryFor;
+  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if ((err != ENOENT && err != ECONNREFUSED && err != EINTR) ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return Annotate(ErrnoToStatus(err, absl::StrCat("connect ", path)),
+                      "is ckptd running?");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return fd;
 }
