@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "common/log.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
@@ -77,6 +78,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ckptd: checkpoint sidecar daemon");
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return std::string("ckptd " CKPT_VERSION "\n"); };
+  // --help lists the flags of the files whose names match the program's by
+  // default, and ours live in daemon/main.cc: name the file.
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "daemon/main.cc");
+  };
   absl::SetFlagsUsageConfig(usage);
   AcceptDashedFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
