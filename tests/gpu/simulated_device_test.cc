@@ -310,6 +310,30 @@ struct InProcess {
   }
 };
 
+// A daemon stream whose fence waits on the trainer's ready event, recorded
+// on `trainer_stream` behind work that runs once `release` is notified.
+struct BlockedOnReady {
+  absl::StatusOr<std::unique_ptr<GpuEvent>> ready;
+  absl::StatusOr<std::unique_ptr<GpuStream>> stream;
+  absl::StatusOr<std::unique_ptr<GpuFence>> fence;
+
+  BlockedOnReady(InProcess& gpu, SimulatedStream& trainer_stream,
+                 absl::Notification& release) {
+    trainer_stream.Enqueue([&release] { release.WaitForNotification(); });
+    REQUIRE(
+        gpu.trainer.RecordReady(gpu.region.device_uuid, &trainer_stream).ok());
+    auto events = gpu.trainer.Events(gpu.region.device_uuid);
+    REQUIRE(events.ok());
+    ready = gpu.device.OpenEvent(0, events->ready, TakeOwnFd);
+    REQUIRE(ready.ok());
+    stream = gpu.device.CreateStream(0);
+    REQUIRE(stream.ok());
+    REQUIRE((*stream)->WaitEvent(**ready).ok());
+    fence = (*stream)->Fence();
+    REQUIRE(fence.ok());
+  }
+};
+
 TEST_CASE("Destroying a mapping unmaps it and closes the fds it took",
           "[gpu]") {
   InProcess gpu(2);
@@ -423,19 +447,8 @@ TEST_CASE(
   InProcess gpu;
   SimulatedStream trainer_stream;
   absl::Notification release;
-  trainer_stream.Enqueue([&] { release.WaitForNotification(); });
-  REQUIRE(
-      gpu.trainer.RecordReady(gpu.region.device_uuid, &trainer_stream).ok());
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  auto ready = gpu.device.OpenEvent(0, events->ready, TakeOwnFd);
-  REQUIRE(ready.ok());
-  auto stream = gpu.device.CreateStream(0);
-  REQUIRE(stream.ok());
-
-  REQUIRE((*stream)->WaitEvent(**ready).ok());
-  auto fence = (*stream)->Fence();
-  REQUIRE(fence.ok());
+  BlockedOnReady blocked(gpu, trainer_stream, release);
+  auto& fence = blocked.fence;
   CHECK((*fence)->Wait(absl::Milliseconds(50)).code() ==
         absl::StatusCode::kDeadlineExceeded);
   CHECK((*fence)->Ready().value_or(true) == false);
@@ -453,18 +466,9 @@ TEST_CASE(
   InProcess gpu;
   SimulatedStream trainer_stream;
   absl::Notification release;
-  trainer_stream.Enqueue([&] { release.WaitForNotification(); });
-  REQUIRE(
-      gpu.trainer.RecordReady(gpu.region.device_uuid, &trainer_stream).ok());
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  auto ready = gpu.device.OpenEvent(0, events->ready, TakeOwnFd);
-  REQUIRE(ready.ok());
-  auto stream = gpu.device.CreateStream(0);
-  REQUIRE(stream.ok());
-  REQUIRE((*stream)->WaitEvent(**ready).ok());
-  auto fence = (*stream)->Fence();
-  REQUIRE(fence.ok());
+  BlockedOnReady blocked(gpu, trainer_stream, release);
+  auto& stream = blocked.stream;
+  auto& fence = blocked.fence;
 
   stream->reset();  // must not wait for the trainer
   CHECK((*fence)->Wait(kPatience).code() == absl::StatusCode::kAborted);
