@@ -26,8 +26,8 @@
 #include "absl/strings/str_split.h"
 #include "bench/layout.h"
 #include "ckpt/v1/manifest.pb.h"
-#include "daemon/chunk_digest.h"
-#include "daemon/node_planner.h"
+#include "format/chunk_digest.h"
+#include "plan/node_planner.h"
 
 namespace {
 

@@ -49,7 +49,7 @@ struct DaemonOptions {
   // restarted trainer restores from memory; 0 turns it off. Separate from
   // (and in addition to) the staging pool.
   uint64_t keep_in_memory_bytes = 0;
-  // GPU device: auto, cuda, simulated (tests) or off (daemon/gpu_backend.h).
+  // GPU device: auto, cuda, simulated (tests) or off (session/gpu_backend.h).
   std::string gpu = "auto";
   // How long a save's GPU copies may take, waiting for the trainer's ready
   // event included, before the save fails (a trainer that died mid-copy).

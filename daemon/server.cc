@@ -9,16 +9,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "daemon/checkpoint_leases.h"
-#include "daemon/checkpoint_store.h"
-#include "daemon/gpu_backend.h"
-#include "daemon/io_workers.h"
-#include "daemon/loader.h"
-#include "daemon/save_coordinator.h"
 #include "daemon/service.h"
-#include "daemon/session.h"
-#include "daemon/staging_pool.h"
 #include "grpcpp/grpcpp.h"
+#include "io/io_workers.h"
+#include "io/staging_pool.h"
+#include "restore/loader.h"
+#include "save/save_coordinator.h"
+#include "session/gpu_backend.h"
+#include "session/session.h"
+#include "storage/checkpoint_leases.h"
+#include "storage/checkpoint_store.h"
 
 namespace ckpt {
 namespace {
@@ -28,6 +28,19 @@ absl::Status MakeDirs(const std::string& path) {
   std::filesystem::create_directories(path, ec);
   if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("create ", path));
   return absl::OkStatus();
+}
+
+// The save side's share of the daemon's options.
+SaveOptions SaveOptionsOf(const DaemonOptions& o) {
+  SaveOptions save;
+  save.node_id = o.node_id;
+  save.nodes = o.nodes;
+  save.checksum_block_bytes = o.checksum_block_bytes;
+  save.commit_timeout_ms = o.commit_timeout_ms;
+  save.keep_last = o.keep_last;
+  save.max_items_per_save = o.max_items_per_save;
+  save.write_rate_limit = o.write_rate_limit;
+  return save;
 }
 
 }  // namespace
@@ -63,9 +76,10 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   CheckpointLeases leases;
   MemoryTier tier(options.keep_in_memory_bytes);
   if (gpu->device() != nullptr) tier.SetPinner(gpu.get());
-  auto saves = std::make_unique<SaveCoordinator>(options, &store, pool.get(),
+  auto saves = std::make_unique<SaveCoordinator>(SaveOptionsOf(options), &store, pool.get(),
                                                  workers.get(), &leases, &tier);
-  auto loader = std::make_unique<Loader>(options, &store, pool.get(), workers.get(),
+  auto loader = std::make_unique<Loader>(
+      std::chrono::milliseconds(options.load_batch_ms), &store, pool.get(), workers.get(),
                                          &leases, &tier);
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,

@@ -9,9 +9,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
-#include "daemon/durable_file.h"
-#include "daemon/save_plan.h"
-#include "daemon/verifier.h"
+#include "restore/verifier.h"
+#include "save/save_plan.h"
+#include "storage/durable_file.h"
 
 namespace ckpt {
 namespace {

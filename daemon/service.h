@@ -11,14 +11,14 @@
 
 #include "absl/status/status.h"
 #include "ckpt/v1/control.grpc.pb.h"
-#include "daemon/checkpoint_store.h"
 #include "daemon/daemon_options.h"
-#include "daemon/io_workers.h"
-#include "daemon/loader.h"
-#include "daemon/memory_tier.h"
-#include "daemon/save_coordinator.h"
-#include "daemon/session.h"
-#include "daemon/staging_pool.h"
+#include "io/io_workers.h"
+#include "io/staging_pool.h"
+#include "restore/loader.h"
+#include "save/save_coordinator.h"
+#include "session/session.h"
+#include "storage/checkpoint_store.h"
+#include "storage/memory_tier.h"
 
 namespace ckpt {
 

@@ -15,9 +15,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "daemon/checkpoint_store.h"
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
+#include "storage/checkpoint_store.h"
 
 namespace ckpt::testing {
 namespace {

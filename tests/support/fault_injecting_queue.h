@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "daemon/io_queue.h"
+#include "io/io_queue.h"
 
 namespace ckpt::testing {
 

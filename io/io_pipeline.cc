@@ -1,0 +1,142 @@
+// IoPipeline: the io_uring-cp loop (liburing examples/io_uring-cp.c).
+//
+// Every unfinished transfer is in exactly one of two places: in flight in the
+// queue, or waiting in held_ for a free slot. A completion either finishes
+// its transfer (done, end of file, or error) or puts the rest of it back at
+// the front of held_, and the freed slots are refilled from held_ at once, so
+// the queue stays at depth() for as long as there is work.
+#include "io/io_pipeline.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+// "write 4096 bytes at offset 8192": what failed, for the error message.
+std::string Describe(const IoRequest& r) {
+  return absl::StrCat(r.kind == IoRequest::Kind::kRead ? "read " : "write ",
+                      r.length, " bytes at offset ", r.offset);
+}
+
+}  // namespace
+
+IoPipeline::IoPipeline(IoQueue* queue) : queue_(queue) {}
+
+absl::Status IoPipeline::Start(const IoRequest& request) {
+  if (transfers_.contains(request.tag)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("IoPipeline: tag ", request.tag, " is already in use"));
+  }
+  transfers_.emplace(request.tag, Transfer{request, request});
+  held_.push_back(request.tag);
+  absl::Status status = SubmitHeld();
+  if (!status.ok() && !held_.empty() && held_.back() == request.tag) {
+    // The queue refused the batch, so this transfer never reached it: undo
+    // it, so that a failed Start means "not started". Earlier held
+    // transfers stay held and are retried by the next call.
+    held_.pop_back();
+    transfers_.erase(request.tag);
+  }
+  return status;
+}
+
+absl::Status IoPipeline::WaitSome(std::vector<Finished>* done) {
+  const size_t before = done->size();
+  RETURN_IF_ERROR(SubmitHeld());
+  // A completion may only requeue the rest of a short transfer, so wait
+  // until something has actually finished.
+  while (!transfers_.empty() && done->size() == before) {
+    if (in_flight_ == 0) {
+      return absl::FailedPreconditionError(
+          "IoPipeline: transfers are held but the queue has no free slot");
+    }
+    RETURN_IF_ERROR(Drain(1, done));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IoPipeline::Poll(std::vector<Finished>* done) {
+  RETURN_IF_ERROR(SubmitHeld());
+  return Drain(0, done);
+}
+
+absl::Status IoPipeline::SubmitHeld() {
+  const uint32_t depth = queue_->depth();
+  const size_t n = std::min<size_t>(
+      held_.size(), depth > in_flight_ ? depth - in_flight_ : 0);
+  if (n == 0) return absl::OkStatus();
+  batch_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    batch_.push_back(transfers_.at(held_[i]).remaining);
+  }
+  // On error the queue submitted nothing, so held_ is still accurate.
+  RETURN_IF_ERROR(queue_->Submit(batch_));
+  held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(n));
+  in_flight_ += static_cast<uint32_t>(n);
+  return absl::OkStatus();
+}
+
+absl::Status IoPipeline::Drain(uint32_t min_completions,
+                               std::vector<Finished>* done) {
+  completions_.clear();
+  RETURN_IF_ERROR(queue_->Reap(min_completions, &completions_));
+  // A completion the pipeline cannot match is a queue bug; the remaining
+  // completions are still handled so that no transfer is lost over it.
+  absl::Status queue_status;
+  for (const IoCompletion& c : completions_) {
+    auto it = transfers_.find(c.tag);
+    if (it == transfers_.end()) {
+      queue_status.Update(absl::InternalError(
+          absl::StrCat("IoPipeline: completion for unknown tag ", c.tag)));
+      continue;
+    }
+    --in_flight_;
+    Transfer& t = it->second;
+    const int32_t res = c.result;
+    absl::Status status;
+    bool finished = false;
+    if (res == -EAGAIN || res == -EINTR) {
+      // Nothing was transferred; try the same request again.
+    } else if (res < 0) {
+      status = ErrnoToStatus(-res, Describe(t.remaining));
+      finished = true;
+    } else if (static_cast<uint32_t>(res) > t.remaining.length) {
+      status = absl::InternalError(absl::StrCat(
+          Describe(t.remaining), ": queue reported ", res, " bytes"));
+      finished = true;
+    } else if (res == 0 && t.remaining.kind == IoRequest::Kind::kWrite &&
+               t.remaining.length > 0) {
+      // A write that makes no progress would be requeued forever.
+      status = absl::InternalError(
+          absl::StrCat(Describe(t.remaining), ": wrote 0 bytes"));
+      finished = true;
+    } else {
+      // Short or complete; a read of 0 bytes is end of file.
+      t.remaining.buffer += res;
+      t.remaining.length -= static_cast<uint32_t>(res);
+      t.remaining.offset += static_cast<uint64_t>(res);
+      finished = res == 0 || t.remaining.length == 0;
+    }
+    if (!finished) {
+      held_.push_front(c.tag);
+      continue;
+    }
+    done->push_back(Finished{.tag = c.tag,
+                             .status = std::move(status),
+                             .bytes = t.original.length - t.remaining.length});
+    transfers_.erase(it);
+  }
+  RETURN_IF_ERROR(SubmitHeld());
+  return queue_status;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,365 @@
+#include "restore/loader.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/box.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "format/dtype.h"
+#include "plan/tensor_item.h"
+#include "restore/shard_reader.h"
+
+namespace ckpt {
+namespace {
+
+bool SameDims(const google::protobuf::RepeatedField<uint64_t>& a,
+              const google::protobuf::RepeatedField<uint64_t>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+Box BoxOf(const google::protobuf::RepeatedField<uint64_t>& offsets,
+          const google::protobuf::RepeatedField<uint64_t>& shape) {
+  return {{offsets.data(), static_cast<size_t>(offsets.size())},
+          {shape.data(), static_cast<size_t>(shape.size())}};
+}
+
+// One round in flight: what its file reads share.
+struct RoundRun {
+  struct Entry {
+    std::shared_ptr<Session> session;
+    v1::LoadRequest request;
+    Loader::Done done;
+    absl::Status status;
+    v1::LoadResponse response;
+  };
+  std::vector<Entry> entries;
+  v1::CommitRecord record;  // ItemReads point into its checksums
+  std::map<uint32_t, ShardReadRequest> files;        // by file index
+  std::map<uint32_t, std::set<size_t>> file_users;   // file -> entries
+  std::mutex mu;
+  std::atomic<size_t> pending_files{0};
+  std::atomic<uint64_t> bytes_read{0};
+  CheckpointLeases* leases = nullptr;  // set while a lease is held
+  std::string job, checkpoint;
+  std::vector<std::shared_ptr<const FileImage>> images;  // read from memory
+  std::atomic<size_t> files_from_memory{0};
+
+  void Finish() {
+    if (leases != nullptr) leases->Release(job, checkpoint);
+    for (Entry& e : entries) {
+      if (!e.status.ok()) {
+        e.done(e.status);
+        continue;
+      }
+      e.response.set_bytes_read(bytes_read.load());
+      const size_t from_memory = files_from_memory.load();
+      e.response.set_source(from_memory == 0              ? "storage"
+                            : from_memory == files.size() ? "memory"
+                                                          : "mixed");
+      e.done(std::move(e.response));
+    }
+  }
+};
+
+// Plans one request against the stored chunks: its deliveries per stored
+// tensor (into `deliveries`, only if the whole request is valid) and its
+// byte items and missing list (into `response`).
+absl::Status PlanRequest(
+    Session& session, const v1::LoadRequest& request, const v1::Manifest& index,
+    const std::map<std::string, std::vector<int>>& by_fqn,
+    std::map<int, std::vector<Delivery>>* deliveries, v1::LoadResponse* response) {
+  if (!session.opened()) {
+    return absl::FailedPreconditionError("call OpenSession before Load");
+  }
+  std::map<int, std::vector<Delivery>> planned;
+  std::set<std::string> seen;
+  for (const v1::TensorItem& item : request.tensors()) {
+    RETURN_IF_ERROR(ValidateTensorItem(item));
+    const std::string key =
+        absl::StrCat(item.fqn(), "@[", absl::StrJoin(item.offsets(), ","), "]");
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("item ", key, " is requested twice"));
+    }
+    auto remote = session.Resolve(item.memory());
+    if (!remote.ok()) return Annotate(remote.status(), absl::StrCat("item ", item.fqn()));
+    auto chunks = by_fqn.find(item.fqn());
+    const Box want = BoxOf(item.offsets(), item.local_shape());
+    auto missing = [&](const std::string& why) -> absl::Status {
+      if (request.allow_missing()) {
+        response->add_missing(item.fqn());
+        return absl::OkStatus();
+      }
+      return absl::NotFoundError(absl::StrCat("item ", item.fqn(), ": ", why, " in ",
+                                              index.job(), "/", index.checkpoint()));
+    };
+    if (chunks == by_fqn.end()) {
+      RETURN_IF_ERROR(missing("not stored"));
+      continue;
+    }
+    const v1::StoredTensor& first = index.tensors(chunks->second.front());
+    if (first.dtype() != item.dtype() || !SameDims(first.global_shape(), item.global_shape())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item ", item.fqn(), ": requested ", v1::DType_Name(item.dtype()), " [",
+          absl::StrJoin(item.global_shape(), ","), "] but stored ",
+          v1::DType_Name(first.dtype()), " [", absl::StrJoin(first.global_shape(), ","),
+          "]"));
+    }
+    uint64_t covered = 0;
+    for (int t : chunks->second) {
+      const v1::StoredTensor& c = index.tensors(t);
+      covered += OverlapElements(BoxOf(c.offsets(), c.local_shape()), want);
+    }
+    if (covered != BoxElements(want)) {
+      RETURN_IF_ERROR(missing(absl::StrCat("stored chunks cover ", covered, " of the ",
+                                           BoxElements(want), " elements requested")));
+      continue;
+    }
+    ASSIGN_OR_RETURN(uint64_t element_bytes, DTypeSize(item.dtype()));
+    for (int t : chunks->second) {
+      const v1::StoredTensor& c = index.tensors(t);
+      for (const CopyRun& run :
+           IntersectBoxes(BoxOf(c.offsets(), c.local_shape()), want, element_bytes)) {
+        planned[t].push_back(
+            {run.src, run.src + run.length, session.memory(), *remote + run.dst});
+      }
+    }
+  }
+  response->set_checkpoint(index.checkpoint());
+  for (const std::string& fqn : request.byte_items()) {
+    const v1::StoredBytes* found = nullptr;
+    for (const v1::StoredBytes& b : index.byte_items()) {
+      if (b.fqn() != fqn) continue;
+      // This rank's own copy if there is one, else any rank's.
+      if (found == nullptr || b.rank() == session.rank()) found = &b;
+    }
+    if (found == nullptr) {
+      if (!request.allow_missing()) {
+        return absl::NotFoundError(absl::StrCat("byte item ", fqn, " is not in ",
+                                                index.job(), "/", index.checkpoint()));
+      }
+      response->add_missing(fqn);
+      continue;
+    }
+    if (XXH3_64bits(found->data().data(), found->data().size()) != found->xxh3()) {
+      return absl::DataLossError(absl::StrCat("checksum mismatch in byte item ", fqn,
+                                              " of ", index.checkpoint()));
+    }
+    v1::ByteItem* out = response->add_byte_items();
+    out->set_fqn(fqn);
+    out->set_data(found->data());
+  }
+  for (auto& [t, list] : planned) {
+    auto& into = (*deliveries)[t];
+    into.insert(into.end(), list.begin(), list.end());
+  }
+  return absl::OkStatus();
+}
+
+// Resolves "latest", leases the checkpoint and reads its COMMIT.
+absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStore& store,
+                                             CheckpointLeases& leases) {
+  const v1::LoadRequest& head = run.entries.front().request;
+  std::string name = head.checkpoint();
+  if (name == kLatestAlias) {
+    ASSIGN_OR_RETURN(name, store.ResolveLatest(head.job()));
+  }
+  RETURN_IF_ERROR(ValidateStorageName(head.job(), "job"));
+  RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
+  RETURN_IF_ERROR(leases.Acquire(head.job(), name));
+  run.leases = &leases;
+  run.job = head.job();
+  run.checkpoint = name;
+  return store.ReadCommit(head.job(), name);
+}
+
+void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
+              StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+              const MemoryTier* tier) {
+  auto record = OpenForRead(*run, *store, *leases);
+  if (!record.ok()) {
+    for (auto& e : run->entries) e.status = record.status();
+    run->Finish();
+    return;
+  }
+  run->record = *std::move(record);
+  const v1::Manifest& index = run->record.index();
+  std::map<std::string, std::vector<int>> by_fqn;
+  for (int t = 0; t < index.tensors_size(); ++t) by_fqn[index.tensors(t).fqn()].push_back(t);
+
+  // Merge every request's deliveries by stored chunk: one read each.
+  std::map<int, std::vector<Delivery>> deliveries;
+  std::map<int, std::set<size_t>> chunk_users;
+  for (size_t i = 0; i < run->entries.size(); ++i) {
+    auto& e = run->entries[i];
+    if (e.request.job() != e.session->job()) {
+      e.status = absl::InvalidArgumentError(absl::StrCat(
+          "load names job '", e.request.job(), "' but the session is for job '",
+          e.session->job(), "'"));
+      continue;
+    }
+    std::map<int, std::vector<Delivery>> mine;
+    e.status = PlanRequest(*e.session, e.request, index, by_fqn, &mine, &e.response);
+    if (!e.status.ok()) continue;
+    for (auto& [t, list] : mine) {
+      auto& into = deliveries[t];
+      into.insert(into.end(), list.begin(), list.end());
+      chunk_users[t].insert(i);
+    }
+  }
+  const std::string dir = store->CheckpointDir(index.job(), index.checkpoint());
+  for (auto& [t, list] : deliveries) {
+    const v1::StoredTensor& c = index.tensors(t);
+    if (c.file_index() >= static_cast<uint32_t>(index.files_size())) {
+      for (size_t i : chunk_users[t]) {
+        run->entries[i].status = absl::DataLossError(absl::StrCat(
+            "index of ", index.checkpoint(), ": chunk ", c.fqn(), " names file ",
+            c.file_index(), " which does not exist"));
+      }
+      continue;
+    }
+    ShardReadRequest& req = run->files[c.file_index()];
+    if (req.path.empty()) {
+      const v1::DataFile& file = index.files(c.file_index());
+      req.path = absl::StrCat(dir, "/", file.name());
+      req.file_size = file.size();
+      req.checksum_block_bytes = index.checksum_block_bytes();
+      auto image = tier->Find(index.job(), index.checkpoint(), file.name(), file.size());
+      if (image != nullptr) {
+        req.memory_image = image->data();
+        run->images.push_back(std::move(image));
+        ++run->files_from_memory;
+      }
+    }
+    ItemRead read;
+    read.fqn = c.fqn();
+    read.item_file_offset = c.file_offset();
+    read.item_length = c.length();
+    read.block_xxh3 = c.block_xxh3().data();
+    read.block_count = c.block_xxh3_size();
+    read.deliveries = std::move(list);
+    req.items.push_back(std::move(read));
+    run->file_users[c.file_index()].insert(chunk_users[t].begin(), chunk_users[t].end());
+  }
+  if (run->files.empty()) {
+    run->Finish();
+    return;
+  }
+  run->pending_files = run->files.size();
+  for (auto& [file, req] : run->files) {
+    std::sort(req.items.begin(), req.items.end(), [](const ItemRead& a, const ItemRead& b) {
+      return a.item_file_offset < b.item_file_offset;
+    });
+    workers->Post([run, pool, file = file](IoQueue& queue) {
+      ShardReader reader(pool, &queue);
+      auto n = reader.Read(run->files[file]);
+      if (n.ok()) {
+        run->bytes_read += *n;
+      } else {
+        std::lock_guard lock(run->mu);
+        for (size_t i : run->file_users[file]) {
+          if (run->entries[i].status.ok()) run->entries[i].status = n.status();
+        }
+      }
+      if (--run->pending_files == 0) run->Finish();
+    });
+  }
+}
+
+}  // namespace
+
+Loader::Loader(std::chrono::milliseconds batch_window, const CheckpointStore* store,
+               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
+               const MemoryTier* tier)
+    : batch_window_(batch_window),
+      store_(store),
+      pool_(pool),
+      workers_(workers),
+      leases_(leases),
+      tier_(tier) {
+  batcher_ = std::thread([this] { Batch(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  batcher_.join();
+}
+
+void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
+                   Done done) {
+  if (!session->opened()) {
+    done(absl::FailedPreconditionError("call OpenSession before Load"));
+    return;
+  }
+  std::vector<Request> ready;
+  {
+    std::lock_guard lock(mu_);
+    Round& round = rounds_[absl::StrCat(request.job(), "/", request.checkpoint())];
+    if (round.requests.empty()) {
+      round.local_ranks = session->local_world_size();
+      round.deadline = std::chrono::steady_clock::now() +
+                       batch_window_;
+    }
+    round.requests.push_back({std::move(session), std::move(request), std::move(done)});
+    if (round.requests.size() >= round.local_ranks) {
+      ready = std::move(round.requests);
+      rounds_.erase(absl::StrCat(ready.front().request.job(), "/",
+                                 ready.front().request.checkpoint()));
+    }
+  }
+  if (!ready.empty()) {
+    Launch(std::move(ready));
+  } else {
+    wake_.notify_all();
+  }
+}
+
+void Loader::Batch() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    const auto now = std::chrono::steady_clock::now();
+    auto next = std::chrono::steady_clock::time_point::max();
+    std::vector<std::vector<Request>> due;
+    for (auto it = rounds_.begin(); it != rounds_.end();) {
+      if (it->second.deadline <= now) {
+        due.push_back(std::move(it->second.requests));
+        it = rounds_.erase(it);
+      } else {
+        next = std::min(next, it->second.deadline);
+        ++it;
+      }
+    }
+    if (!due.empty()) {
+      lock.unlock();
+      for (auto& requests : due) Launch(std::move(requests));
+      lock.lock();
+      continue;
+    }
+    if (next == std::chrono::steady_clock::time_point::max()) {
+      wake_.wait(lock);
+    } else {
+      wake_.wait_until(lock, next);
+    }
+  }
+}
+
+void Loader::Launch(std::vector<Request> requests) {
+  auto run = std::make_shared<RoundRun>();
+  for (Request& r : requests) {
+    run->entries.push_back(
+        {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}});
+  }
+  workers_->Post(
+      [run, this](IoQueue&) { RunRound(run, store_, pool_, workers_, leases_, tier_); });
+}
+
+}  // namespace ckpt

@@ -1,0 +1,98 @@
+#include "restore/verifier.h"
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "restore/shard_reader.h"
+
+namespace ckpt {
+namespace {
+
+// Deliveries go nowhere: verification only needs the reads and hashes.
+class Discard final : public MemorySource {
+ public:
+  absl::Status Read(absl::Span<const CopySpan>) override {
+    return absl::InternalError("Discard is write-only");
+  }
+  absl::Status Write(absl::Span<const CopySpan>) override { return absl::OkStatus(); }
+};
+
+absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
+                                          StagingPool* pool, IoQueue& queue,
+                                          const std::string& job,
+                                          const std::string& checkpoint) {
+  ASSIGN_OR_RETURN(v1::CommitRecord record,
+                   store.ReadCommit(job, checkpoint.empty() ? "latest" : checkpoint));
+  const v1::Manifest& index = record.index();
+  const std::string dir = store.CheckpointDir(index.job(), index.checkpoint());
+  v1::VerifyResponse response;
+  response.set_checkpoint(index.checkpoint());
+  response.set_files(index.files_size());
+  std::map<uint32_t, std::vector<const v1::StoredTensor*>> by_file;
+  for (const v1::StoredTensor& t : index.tensors()) by_file[t.file_index()].push_back(&t);
+  Discard discard;
+  ShardReader reader(pool, &queue);
+  for (int f = 0; f < index.files_size(); ++f) {
+    const v1::DataFile& file = index.files(f);
+    const std::string path = absl::StrCat(dir, "/", file.name());
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      response.add_damage(absl::StrCat(path, ": missing"));
+      continue;
+    }
+    if (static_cast<uint64_t>(st.st_size) != file.size()) {
+      response.add_damage(absl::StrCat(path, ": size ", st.st_size, " but the manifest says ",
+                                       file.size()));
+    }
+    auto& tensors = by_file[f];
+    std::sort(tensors.begin(), tensors.end(), [](const auto* a, const auto* b) {
+      return a->file_offset() < b->file_offset();
+    });
+    // Item by item, so that one damaged item does not hide the next.
+    for (const v1::StoredTensor* t : tensors) {
+      ShardReadRequest req;
+      req.path = path;
+      req.file_size = file.size();
+      req.checksum_block_bytes = index.checksum_block_bytes();
+      ItemRead read;
+      read.fqn = t->fqn();
+      read.item_file_offset = t->file_offset();
+      read.item_length = t->length();
+      read.block_xxh3 = t->block_xxh3().data();
+      read.block_count = t->block_xxh3_size();
+      read.deliveries.push_back({0, t->length(), &discard, 0});
+      req.items.push_back(std::move(read));
+      auto result = reader.Read(req);
+      if (result.ok()) {
+        response.set_bytes_verified(response.bytes_verified() + t->length());
+      } else {
+        response.add_damage(std::string(result.status().message()));
+      }
+    }
+  }
+  for (const v1::StoredBytes& b : index.byte_items()) {
+    if (XXH3_64bits(b.data().data(), b.data().size()) != b.xxh3()) {
+      response.add_damage(absl::StrCat("byte item ", b.fqn(), " of rank ", b.rank(),
+                                       ": checksum mismatch"));
+    }
+  }
+  return response;
+}
+
+}  // namespace
+
+void VerifyCheckpoint(const CheckpointStore* store, StagingPool* pool,
+                      IoWorkers* workers, std::string job, std::string checkpoint,
+                      std::function<void(absl::StatusOr<v1::VerifyResponse>)> done) {
+  workers->Post([=, done = std::move(done)](IoQueue& queue) {
+    done(Verify(*store, pool, queue, job, checkpoint));
+  });
+}
+
+}  // namespace ckpt

@@ -1,0 +1,21 @@
+// SaveOptions: the tunables the save side reads, filled by the daemon from
+// DaemonOptions (daemon/daemon_options.h documents each one and its default).
+//
+// A struct of its own so that save/ depends on nothing above it.
+#pragma once
+
+#include <cstdint>
+
+namespace ckpt {
+
+struct SaveOptions {
+  uint32_t node_id = 0;
+  uint32_t nodes = 1;
+  uint64_t checksum_block_bytes = 1ull << 20;
+  uint64_t commit_timeout_ms = 600'000;
+  uint32_t keep_last = 0;
+  uint32_t max_items_per_save = 1u << 20;
+  uint64_t write_rate_limit = 0;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,88 @@
+// ShardWriter: streams one data file from a peer's memory to storage.
+//
+// The file is cut into windows of one staging buffer each. Each window is
+// first *staged*: borrow a buffer from the pool, put the safetensors header
+// in it, and enqueue the copy of the chunks' bytes from the peer on a
+// CopyOutBatch (one batched process_vm_readv for host memory, complete at
+// once; D2H copies on the peer's GPU streams, complete later). Then, in
+// file order, each staged window is *finished*: wait for its copies, hash
+// the chunk bytes into their per-block XXH3, and hand the buffer to the
+// IoPipeline as an O_DIRECT write at the window's offset. Staging runs
+// ahead while pool buffers are free, finishing windows whose copies are
+// already done as it goes, so a GPU's copies run ahead of the disk and the
+// last copy is enqueued (the GPU-side STAGED) as early as the pool allows.
+// When no buffer is free, the writer finishes its oldest staged window,
+// reaps its own completions (each frees a buffer) or, with nothing of its
+// own in flight, blocks on the pool: that is the back-pressure that bounds
+// memory for checkpoints larger than the pool, and what makes the enqueue
+// of a state larger than the pool wait for the disk.
+// The last window is zero-padded to 4096 for O_DIRECT; once every write has
+// completed the file is truncated to its exact size and fsynced (an fsync is
+// not ordered after writes still in flight, so it must come after them).
+//
+// Ownership: borrows everything passed to Write. Thread-safety: one call at a
+// time per object; objects are independent.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "format/safetensors_layout.h"
+#include "io/io_queue.h"
+#include "io/rate_limiter.h"
+#include "io/staging_pool.h"
+#include "session/memory_source.h"
+
+namespace ckpt {
+
+struct ShardWriteProgress {
+  uint64_t bytes_staged = 0;   // file bytes filled into staging buffers
+  uint64_t bytes_written = 0;  // file bytes whose write completed
+};
+
+struct ShardWriteRequest {
+  std::string path;               // created O_EXCL
+  const SafetensorsLayout* layout = nullptr;
+  std::vector<uint64_t> remote;   // peer address of each entry's bytes
+  std::vector<uint64_t> lengths;  // bytes of each entry
+  uint64_t checksum_block_bytes = 0;
+  MemorySource* source = nullptr;
+  // Optional: the batch to enqueue copies on (one per save part, shared by
+  // its files); without one the writer makes its own from `source`.
+  CopyOutBatch* batch = nullptr;
+  // This file's last window completes the batch: call batch->AllEnqueued()
+  // after enqueuing it, then on_enqueued.
+  bool last_file_of_batch = true;
+  std::function<void()> on_enqueued;
+  const std::atomic<bool>* cancelled = nullptr;
+  RateLimiter* limiter = nullptr;  // optional write rate cap
+  // Optional: each staged window is also copied here (a MemoryTier image of
+  // at least file_size bytes).
+  char* capture = nullptr;
+  // Called after each window is staged and after each write completes.
+  std::function<void(const ShardWriteProgress&)> on_progress;
+  // Called once, when every source byte is in a staging buffer (its copy
+  // complete).
+  std::function<void()> on_staged;
+};
+
+struct ShardWriteResult {
+  uint64_t file_size = 0;
+  std::vector<std::vector<uint64_t>> block_xxh3;  // per entry
+};
+
+class ShardWriter {
+ public:
+  ShardWriter(StagingPool* pool, IoQueue* queue) : pool_(pool), queue_(queue) {}
+  absl::StatusOr<ShardWriteResult> Write(const ShardWriteRequest& request);
+
+ private:
+  StagingPool* const pool_;
+  IoQueue* const queue_;
+};
+
+}  // namespace ckpt

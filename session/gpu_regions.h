@@ -1,0 +1,111 @@
+// GpuRegions: one session's CUDA regions, opened through the GPU seam.
+//
+// A region is the trainer's device memory [address, address + length) and
+// the allocations under it. Add opens the allocations once (GpuDevice::Map:
+// cudaIpcOpenMemHandle, or the POSIX-FD handles taken from the verified
+// peer with pidfd_getfd) and the trainer's ready/staged events, and every
+// later save reuses them. Two rules keep an opened allocation from ever
+// being stale or kept alive (invariant 13):
+//   - a region is released when the trainer says so (ReleaseRegions), when
+//     the trainer registers an overlapping range (it freed the memory and
+//     allocated again there), and when the session ends; a released
+//     region's range stays known, so a save that still refers to it fails
+//     instead of reading whatever is there now;
+//   - the mapping is a shared_ptr: a copy in flight holds it, so releasing
+//     a region unmaps it as soon as the last copy that uses it completes,
+//     and never before.
+//
+// Thread-safety: safe for concurrent use.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "ckpt/v1/control.pb.h"
+#include "gpu/gpu_device.h"
+#include "session/gpu_backend.h"
+#include "session/memory_source.h"
+
+namespace ckpt {
+
+// An opened region; immutable.
+struct GpuRegion {
+  uint64_t id = 0;
+  uint64_t address = 0;  // in the peer
+  uint64_t length = 0;
+  int device = 0;        // this process's ordinal
+  std::shared_ptr<GpuMapping> mapping;
+  std::shared_ptr<GpuEvent> ready;   // recorded by the trainer before a save
+  std::shared_ptr<GpuEvent> staged;  // recorded here after a save's copies
+  // The device address in this process of peer address `remote`.
+  uint64_t Translate(uint64_t remote) const {
+    return mapping->address() + (remote - address);
+  }
+};
+
+// Regions whose copies never ended: copies may still run against them, and
+// unmapping memory under a copy engine is a sticky error for every session
+// on the device, so they stay mapped for the daemon's life (logged).
+void QuarantineRegions(std::vector<std::shared_ptr<const GpuRegion>> regions);
+
+class GpuRegions {
+ public:
+  // `backend` may be null or have no device: then every Add fails, saying
+  // why. It outlives this object.
+  GpuRegions(GpuBackend* backend, PeerFdTaker take_fd,
+             absl::Duration copy_timeout);
+  ~GpuRegions();
+
+  // Opens `region` under id `id`; a live region it overlaps is released.
+  absl::Status Add(uint64_t id, const v1::CudaRegion& region);
+  // Releases region `id` (no-op if it is not a live GPU region).
+  void Release(uint64_t id);
+  void ReleaseAll();
+  size_t live_regions() const;
+
+  // The live region that holds [address, address + length); nullptr when
+  // the range is in no GPU region (host memory); an error when it lies in
+  // a released region or straddles a region's end.
+  absl::StatusOr<std::shared_ptr<const GpuRegion>> Find(uint64_t address,
+                                                        uint64_t length) const;
+
+  // Synchronous copies of spans that all lie in GPU regions (restore).
+  absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host);
+
+  GpuDevice* device() const { return device_; }
+  absl::Duration copy_timeout() const { return copy_timeout_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<GpuEvent>> OpenEvent(int device,
+                                                      const v1::CudaEventRef& ref)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  GpuBackend* const backend_;
+  GpuDevice* const device_;
+  const PeerFdTaker take_fd_;
+  const absl::Duration copy_timeout_;
+
+  mutable absl::Mutex mu_;
+  // Live regions by peer address; they never overlap.
+  std::map<uint64_t, std::shared_ptr<const GpuRegion>> live_ ABSL_GUARDED_BY(mu_);
+  // [begin, end) of released regions, so later references fail clearly.
+  std::vector<std::pair<uint64_t, uint64_t>> released_ ABSL_GUARDED_BY(mu_);
+  // The trainer's events, opened once per handle (a trainer uses one pair
+  // per device for all its regions).
+  std::map<std::string, std::shared_ptr<GpuEvent>> events_ ABSL_GUARDED_BY(mu_);
+  // One stream per device for the synchronous copies of restores.
+  absl::Mutex copy_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<int, std::unique_ptr<GpuStream>> copy_streams_
+      ABSL_GUARDED_BY(copy_mu_);
+};
+
+}  // namespace ckpt

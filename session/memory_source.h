@@ -1,0 +1,89 @@
+// MemorySource: reads and writes the memory a peer registered.
+//
+// The save path copies chunks out of a trainer's memory into staging
+// buffers; the restore path copies verified bytes back. HostProcessMemory
+// does this for host memory with process_vm_readv/process_vm_writev on the
+// peer pid the kernel reported at the handshake; a session's GPU regions
+// (session/gpu_regions.h) implement the same interface over the GPU seam.
+// Callers have already checked that every span lies inside a region the
+// peer registered (invariant 6).
+//
+// Saves copy through a CopyOutBatch: copies are enqueued in order and
+// complete later (a GPU's copy engine runs ahead of the writer that hashes
+// and writes them), and AllEnqueued() tells the peer's GPU streams that the
+// last copy is queued (the GPU-side STAGED). For host memory every copy is
+// complete when Enqueue returns.
+//
+// Thread-safety: implementations are safe to call from several threads.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ckpt {
+
+// `length` bytes at `remote` in the peer, and the local bytes they map to.
+struct CopySpan {
+  uint64_t remote = 0;
+  char* local = nullptr;
+  uint64_t length = 0;
+};
+
+// One save's copies out of a peer. Thread-safety: one thread at a time.
+class CopyOutBatch {
+ public:
+  // Destroying a batch with copies not yet complete is a bug: the caller
+  // waits for every ticket first (the local memory is a DMA target).
+  virtual ~CopyOutBatch() = default;
+  // Starts copying every span from the peer into local memory; returns a
+  // ticket for those copies (tickets increase from 1).
+  virtual absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) = 0;
+  // Whether the copies of `ticket` (and every earlier one) are complete.
+  virtual absl::StatusOr<bool> Ready(uint64_t ticket) = 0;
+  // Waits until they are, or fails (DeadlineExceeded after the daemon's GPU
+  // copy timeout, an error of the copy, a peer that exited).
+  virtual absl::Status Wait(uint64_t ticket) = 0;
+  // The last span is enqueued: the peer's streams may wait for the copies
+  // from now on (records the staged events of the GPU regions read).
+  virtual absl::Status AllEnqueued() = 0;
+  // Ends the batch after an error: makes sure no copy it enqueued is still
+  // running or can run later (GPU copies still waiting for a trainer that
+  // will never signal are released and run), so that its local memory can
+  // be reused. An error means that could not be made sure: the caller must
+  // never reuse the local memory.
+  virtual absl::Status Drain() = 0;
+};
+
+class MemorySource {
+ public:
+  virtual ~MemorySource() = default;
+  // Copies every span from the peer into local memory, all or error.
+  virtual absl::Status Read(absl::Span<const CopySpan> spans) = 0;
+  // Copies every span from local memory into the peer, all or error.
+  virtual absl::Status Write(absl::Span<const CopySpan> spans) = 0;
+  // A batch for one save; by default each Enqueue is a synchronous Read.
+  virtual absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut();
+  // Whether Write is much cheaper in few large calls than in many small
+  // ones (GPU memory: each call is a DMA with a fixed cost and a wait), so
+  // that readers batch a whole staging window per call.
+  virtual bool PrefersLargeWrites() const { return false; }
+};
+
+class HostProcessMemory final : public MemorySource {
+ public:
+  explicit HostProcessMemory(pid_t pid) : pid_(pid) {}
+  absl::Status Read(absl::Span<const CopySpan> spans) override;
+  absl::Status Write(absl::Span<const CopySpan> spans) override;
+
+ private:
+  absl::Status Transfer(absl::Span<const CopySpan> spans, bool read);
+  const pid_t pid_;
+};
+
+}  // namespace ckpt

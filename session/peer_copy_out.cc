@@ -1,0 +1,250 @@
+#include "session/peer_copy_out.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+// How often a wait checks that the trainer still runs.
+constexpr absl::Duration kLivenessInterval = absl::Milliseconds(50);
+// Copies are handed to the stream in batches of about this many bytes:
+// one batched call (and, only when someone waits, one fence) per batch
+// instead of per staging window keeps the enqueue of a save, which the
+// trainer's CPU waits for, at about a millisecond.
+constexpr uint64_t kSubmitBytes = 64ull << 20;
+// How long Drain waits for copies it released to finish.
+constexpr absl::Duration kDrainGrace = absl::Seconds(30);
+
+}  // namespace
+
+PeerCopyOut::~PeerCopyOut() {
+  // Every copy completed and was waited for: nothing can still run.
+  if (!failed_ && pending_.empty() && fenced_through_ >= last_gpu_ticket_) return;
+  // The caller drains before it lets its buffers go after an error; this
+  // keeps the streams' work from outliving the regions it reads.
+  if (!drained_ && !drain_failed_) {
+    absl::Status s = Drain();
+    if (!s.ok()) LogError("GPU copies abandoned unfinished: ", s.ToString());
+  }
+  if (!drained_) QuarantineRegions(std::move(held_));
+}
+
+absl::StatusOr<PeerCopyOut::DeviceQueue*> PeerCopyOut::Queue(int device) {
+  auto it = devices_.find(device);
+  if (it != devices_.end()) return &it->second;
+  // Only a queue with a stream enters the map: every other method may use
+  // the stream of any queue there.
+  ASSIGN_OR_RETURN(std::unique_ptr<GpuStream> stream,
+                   regions_->device()->CreateStream(device));
+  DeviceQueue& q = devices_[device];
+  q.stream = std::move(stream);
+  return &q;
+}
+
+absl::StatusOr<uint64_t> PeerCopyOut::Enqueue(absl::Span<const CopySpan> spans) {
+  absl::StatusOr<uint64_t> ticket = EnqueueCopies(spans);
+  if (!ticket.ok()) failed_ = true;
+  return ticket;
+}
+
+absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> spans) {
+  std::vector<CopySpan> host;
+  const uint64_t ticket = ++tickets_;
+  for (const CopySpan& s : spans) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
+                     regions_->Find(s.remote, s.length));
+    if (region == nullptr) {
+      host.push_back(s);
+      continue;
+    }
+    ASSIGN_OR_RETURN(DeviceQueue * q, Queue(region->device));
+    if (std::find(q->waited.begin(), q->waited.end(), region->ready.get()) ==
+        q->waited.end()) {
+      // Every copy from this region waits for the trainer's last write.
+      RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
+      q->waited.push_back(region->ready.get());
+    }
+    q->staged.insert(region->staged.get());
+    const GpuCopy copy{region->Translate(s.remote), s.local, s.length};
+    GpuCopy* last = q->unsubmitted.empty() ? nullptr : &q->unsubmitted.back();
+    // Adjacent tensors of one allocation going to one staging buffer are
+    // one copy. Never across allocations (two mappings may lie back to back
+    // in this process) or buffers (they may lie in different pinned
+    // registrations): a copy must stay inside one of each.
+    if (last != nullptr && q->last_region == region.get() && q->last_ticket == ticket &&
+        last->device + last->length == copy.device &&
+        last->host + last->length == copy.host) {
+      last->length += copy.length;
+    } else {
+      q->unsubmitted.push_back(copy);
+      q->last_region = region.get();
+      q->last_ticket = ticket;
+    }
+    unsubmitted_bytes_ += s.length;
+    last_gpu_ticket_ = ticket;
+    if (std::find(held_.begin(), held_.end(), region) == held_.end()) {
+      held_.push_back(std::move(region));
+    }
+  }
+  if (unsubmitted_bytes_ >= kSubmitBytes) RETURN_IF_ERROR(Submit());
+  if (!host.empty()) RETURN_IF_ERROR(host_->Read(host));
+  return ticket;
+}
+
+absl::Status PeerCopyOut::Submit() {
+  for (auto& [device, q] : devices_) {
+    if (q.unsubmitted.empty()) continue;
+    RETURN_IF_ERROR(q.stream->CopyToHost(q.unsubmitted));
+    q.unsubmitted.clear();
+    q.unfenced = true;
+  }
+  unsubmitted_bytes_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::FenceAll() {
+  RETURN_IF_ERROR(Submit());
+  Pending pending{tickets_, {}};
+  for (auto& [device, q] : devices_) {
+    if (!q.unfenced) continue;
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
+    pending.fences.push_back(std::move(fence));
+    q.unfenced = false;
+  }
+  if (!pending.fences.empty()) pending_.push_back(std::move(pending));
+  fenced_through_ = tickets_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PeerCopyOut::Ready(uint64_t ticket) {
+  // Copies not yet fenced are not known to be done; asking would cost a
+  // fence per window, so they count as not ready until someone waits.
+  if (std::min(ticket, last_gpu_ticket_) > fenced_through_) return false;
+  while (!pending_.empty()) {
+    for (auto& fence : pending_.front().fences) {
+      absl::StatusOr<bool> ready = fence->Ready();
+      if (!ready.ok()) failed_ = true;
+      if (!ready.ok() || !*ready) return ready;
+    }
+    const uint64_t covered = pending_.front().ticket;
+    pending_.erase(pending_.begin());
+    if (covered >= ticket) break;
+  }
+  return true;
+}
+
+absl::Status PeerCopyOut::AwaitFence(GpuFence& fence, absl::Duration timeout,
+                                     bool ignore_peer) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status s = fence.Wait(std::min(left, kLivenessInterval));
+    if (!absl::IsDeadlineExceeded(s)) return s;
+    if (left <= kLivenessInterval) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "GPU copies did not complete within ", absl::FormatDuration(timeout),
+          " (the trainer's stream never reached the save's ready event?)"));
+    }
+    if (!ignore_peer) {
+      absl::Status alive = alive_();
+      if (!alive.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the trainer exited before its GPU copies completed: ", alive.message()));
+      }
+    }
+  }
+}
+
+absl::Status PeerCopyOut::Wait(uint64_t ticket) {
+  if (std::min(ticket, last_gpu_ticket_) > fenced_through_) {
+    absl::Status fenced = FenceAll();
+    if (!fenced.ok()) {
+      failed_ = true;
+      return fenced;
+    }
+  }
+  while (!pending_.empty()) {
+    for (auto& fence : pending_.front().fences) {
+      absl::Status s =
+          AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
+      if (!s.ok()) {
+        failed_ = true;
+        return Annotate(s, "waiting for copies from GPU memory");
+      }
+    }
+    const uint64_t covered = pending_.front().ticket;
+    pending_.erase(pending_.begin());
+    if (covered >= ticket) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::AllEnqueued() {
+  RETURN_IF_ERROR(Submit());
+  for (auto& [device, q] : devices_) {
+    for (GpuEvent* staged : q.staged) {
+      RETURN_IF_ERROR(Annotate(q.stream->RecordEvent(*staged),
+                               absl::StrCat("record staged event on device ", device)));
+      // The record uses the event page: the batch ends only after it ran.
+      q.unfenced = true;
+      last_gpu_ticket_ = tickets_;
+      fenced_through_ = std::min(fenced_through_, tickets_ - 1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PeerCopyOut::Drain() {
+  failed_ = true;
+  // Copies never submitted never run.
+  for (auto& [device, q] : devices_) q.unsubmitted.clear();
+  unsubmitted_bytes_ = 0;
+  if (devices_.empty()) {
+    drained_ = true;
+    return absl::OkStatus();
+  }
+  // A trainer that exited will never complete its ready events: complete
+  // them here, which ends the waits on them. One that lives will (and
+  // completing its events here could end the wait of its next save before
+  // its writes), so its copies are waited for as they are, until it exits
+  // too.
+  auto complete_ready_events = [&]() -> absl::Status {
+    for (auto& [device, q] : devices_) {
+      for (GpuEvent* ready : q.waited) {
+        RETURN_IF_ERROR(Annotate(ready->CompleteRecorded(),
+                                 "complete a dead trainer's ready event"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  bool trainer_gone = !alive_().ok();
+  if (trainer_gone) RETURN_IF_ERROR(complete_ready_events());
+  // Everything each stream was given, including work of an Enqueue that
+  // failed half-way and left no fence.
+  for (auto& [device, q] : devices_) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
+    absl::Status s = absl::OkStatus();
+    if (!trainer_gone) {
+      s = AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
+      if (absl::IsUnavailable(s)) {  // the trainer exited meanwhile
+        trainer_gone = true;
+        RETURN_IF_ERROR(complete_ready_events());
+      }
+    }
+    if (trainer_gone) s = AwaitFence(*fence, kDrainGrace, /*ignore_peer=*/true);
+    if (!s.ok()) {
+      drain_failed_ = true;
+      return Annotate(s, absl::StrCat("draining the copies of device ", device));
+    }
+  }
+  pending_.clear();
+  drained_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

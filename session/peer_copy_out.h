@@ -1,0 +1,101 @@
+// PeerCopyOut: one save's copies out of a session's memory, host and GPU.
+//
+// Host spans are read at once (process_vm_readv). GPU spans are enqueued
+// on one copy stream per device, created for this batch: before the first
+// copy from a region the stream waits on the region's ready event (which
+// the trainer recorded on its own stream right before the save call, after
+// its last write), then D2H copies go straight into the caller's pinned
+// staging buffers; fences tell when they are done. AllEnqueued records the staged event of every region read, on its
+// device's stream after the last copy: that is the GPU-side STAGED the
+// trainer's stream waits on. Copies are handed to the streams in batches of
+// 64 MiB (adjacent tensors merged into one copy), and fenced only when
+// someone waits, so that enqueuing a whole save costs the trainer's CPU
+// little however many windows it has.
+//
+// A trainer that dies before its stream reaches the ready event leaves this
+// batch's streams waiting for a record that will never complete, with
+// copies queued behind the wait into pool buffers and from mapped trainer
+// memory. Neither may be reused or unmapped while a copy could still run,
+// so Drain (after any error) completes the dead trainer's ready events
+// from the CPU (GpuEvent::CompleteRecorded): the waits end, the queued
+// copies run (from the allocation the daemon's mapping keeps alive, into
+// buffers not yet reused) and complete, and only then are the buffers and
+// regions let go. Waits check the trainer's
+// liveness, so its death fails the save at once rather than at the
+// timeout. Copies that still do not end are never reused: their buffers
+// stay out of the pool and their regions mapped (logged).
+//
+// The regions read are held until the batch ends, so a region released
+// meanwhile is unmapped only after its copies.
+//
+// Thread-safety: one thread at a time (CopyOutBatch).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "session/gpu_regions.h"
+#include "session/memory_source.h"
+
+namespace ckpt {
+
+class PeerCopyOut final : public CopyOutBatch {
+ public:
+  // Borrows `host` and `regions`; they outlive the batch. `alive` says
+  // whether the trainer still runs (an error once it exited).
+  PeerCopyOut(MemorySource* host, GpuRegions* regions,
+              std::function<absl::Status()> alive)
+      : host_(host), regions_(regions), alive_(std::move(alive)) {}
+  ~PeerCopyOut() override;
+
+  absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override;
+  absl::StatusOr<bool> Ready(uint64_t ticket) override;
+  absl::Status Wait(uint64_t ticket) override;
+  absl::Status AllEnqueued() override;
+  absl::Status Drain() override;
+
+ private:
+  struct DeviceQueue {
+    std::unique_ptr<GpuStream> stream;
+    std::vector<GpuEvent*> waited;     // ready events waited on
+    std::set<GpuEvent*> staged;        // staged events to record
+    std::vector<GpuCopy> unsubmitted;  // not yet handed to the stream
+    const GpuRegion* last_region = nullptr;  // of unsubmitted.back()
+    uint64_t last_ticket = 0;                // of unsubmitted.back()
+    bool unfenced = false;             // copies submitted since the last fence
+  };
+  // Fences that cover every GPU copy of tickets up to `ticket`.
+  struct Pending {
+    uint64_t ticket;
+    std::vector<std::unique_ptr<GpuFence>> fences;
+  };
+  absl::StatusOr<DeviceQueue*> Queue(int device);
+  absl::StatusOr<uint64_t> EnqueueCopies(absl::Span<const CopySpan> spans);
+  // Hands the unsubmitted copies to their streams.
+  absl::Status Submit();
+  // Submits, then fences every stream with copies since its last fence.
+  absl::Status FenceAll();
+  // Waits for `fence` at most `timeout`, failing early once the trainer is
+  // gone (unless `ignore_peer`).
+  absl::Status AwaitFence(GpuFence& fence, absl::Duration timeout, bool ignore_peer);
+
+  MemorySource* const host_;
+  GpuRegions* const regions_;
+  const std::function<absl::Status()> alive_;
+  uint64_t tickets_ = 0;
+  std::map<int, DeviceQueue> devices_;
+  std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read
+  std::vector<Pending> pending_;  // in ticket order
+  uint64_t unsubmitted_bytes_ = 0;
+  uint64_t last_gpu_ticket_ = 0;  // the last ticket with GPU copies
+  uint64_t fenced_through_ = 0;   // GPU copies of tickets <= this are fenced
+  bool failed_ = false;   // something went wrong: the end needs a Drain
+  bool drained_ = false;  // Drain made sure nothing runs any more
+  bool drain_failed_ = false;  // Drain could not: do not wait again
+};
+
+}  // namespace ckpt

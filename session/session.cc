@@ -1,0 +1,422 @@
+#include "session/session.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/names.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+absl::StatusOr<std::string> RandomToken() {
+  std::string token(kSessionTokenBytes, '\0');
+  size_t done = 0;
+  while (done < token.size()) {
+    const ssize_t n = getrandom(token.data() + done, token.size() - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "getrandom for session token");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+}  // namespace
+
+Session::Session(uint64_t id, std::string token, pid_t pid, uid_t uid,
+                 UniqueFd pidfd, const SessionGpu& gpu)
+    : id_(id),
+      token_(std::move(token)),
+      pid_(pid),
+      uid_(uid),
+      pidfd_(std::move(pidfd)),
+      gpu_(gpu.backend,
+           [fd = pidfd_.get(), pid](int peer_fd) -> absl::StatusOr<UniqueFd> {
+             // The handle lives in the verified peer's fd table: take our
+             // own copy from there, never from a process a request names.
+             UniqueFd taken(static_cast<int>(
+                 ::syscall(SYS_pidfd_getfd, fd, peer_fd, 0)));
+             if (!taken.valid()) {
+               return ErrnoToStatus(
+                   errno, absl::StrCat("pidfd_getfd of fd ", peer_fd, " in pid ",
+                                       pid, " (needs the trainer's ptrace "
+                                       "permission: same user and Yama "
+                                       "ptrace_scope <= 1, or CAP_SYS_PTRACE)"));
+             }
+             return taken;
+           },
+           gpu.copy_timeout),
+      memory_(pid, pidfd_.get(), &gpu_) {}
+
+Session::~Session() { gpu_.ReleaseAll(); }
+
+void Session::MarkClosed() {
+  closed_ = true;
+  gpu_.ReleaseAll();
+}
+
+absl::Status Session::Open(const v1::OpenSessionRequest& request,
+                           uint32_t node_id, uint32_t nodes) {
+  RETURN_IF_ERROR(ValidateStorageName(request.job(), "job"));
+  const uint32_t rank = request.rank(), world_size = request.world_size();
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is not inside world size ", world_size));
+  }
+  if (request.node() != node_id) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session declares node ", request.node(), " but this daemon is node ",
+        node_id, " of ", nodes));
+  }
+  uint32_t local = request.local_world_size();
+  if (local == 0) {
+    if (nodes != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local_world_size is required: this daemon is one of ", nodes, " nodes"));
+    }
+    local = world_size;
+  }
+  if (local > world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local world size ", local, " exceeds world size ", world_size));
+  }
+  std::lock_guard lock(open_mu_);
+  if (opened_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, " is already open"));
+  }
+  rank_ = rank;
+  world_size_ = world_size;
+  local_world_size_ = local;
+  job_ = request.job();
+  opened_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
+    const google::protobuf::RepeatedPtrField<v1::Region>& regions) {
+  std::vector<Region> add;
+  for (const v1::Region& r : regions) {
+    if (r.has_cuda()) {
+      // Opened (and its fields checked) below, under its id.
+      add.push_back({r.cuda().address(), r.cuda().length(), /*gpu=*/true,
+                     /*released=*/true});
+      continue;
+    }
+    if (!r.has_host()) return absl::InvalidArgumentError("region has no kind");
+    const uint64_t a = r.host().address(), n = r.host().length();
+    if (a == 0 || n == 0 || a + n < a) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host region [0x", absl::Hex(a), ", +", n, ") is empty or wraps"));
+    }
+    add.push_back({a, n});
+  }
+  // Ids are taken first; CUDA regions stay unusable (released) until their
+  // allocations are open, which happens without the session's lock.
+  uint64_t first = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (regions_.size() + add.size() > kMaxRegionsPerSession) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a session may register at most ", kMaxRegionsPerSession, " regions"));
+    }
+    first = regions_.size();
+    regions_.insert(regions_.end(), add.begin(), add.end());
+  }
+  std::vector<uint64_t> ids;
+  absl::Status status;
+  for (int i = 0; i < regions.size() && status.ok(); ++i) {
+    ids.push_back(first + i);
+    if (regions[i].has_cuda()) {
+      status = Annotate(gpu_.Add(first + i, regions[i].cuda()),
+                        absl::StrCat("CUDA region ", i));
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t id = first; id < first + add.size(); ++id) {
+      if (!status.ok()) {
+        regions_[id].released = true;  // none of a failed request is usable
+      } else if (regions_[id].gpu) {
+        regions_[id].released = false;  // opened
+      }
+    }
+  }
+  if (status.ok()) return ids;
+  // Unmapping can take a while: not under the session's lock.
+  for (uint64_t id = first; id < first + add.size(); ++id) gpu_.Release(id);
+  return status;
+}
+
+absl::Status Session::ReleaseRegions(
+    const google::protobuf::RepeatedField<uint64_t>& ids) {
+  std::unique_lock lock(mu_);
+  for (uint64_t id : ids) {
+    if (id >= regions_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown region id ", id));
+    }
+  }
+  for (uint64_t id : ids) regions_[id].released = true;
+  lock.unlock();
+  // Unmapping can take a while: not under the session's lock.
+  for (uint64_t id : ids) gpu_.Release(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
+  std::lock_guard lock(mu_);
+  if (ref.region_id() >= regions_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown region id ", ref.region_id()));
+  }
+  const Region& r = regions_[ref.region_id()];
+  if (r.released) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("region ", ref.region_id(), " was released"));
+  }
+  if (ref.offset() > r.length || ref.length() > r.length - ref.offset()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "memory [", ref.offset(), ", +", ref.length(), ") is outside region ",
+        ref.region_id(), " of ", r.length, " bytes"));
+  }
+  return r.address + ref.offset();
+}
+
+absl::StatusOr<uint64_t> Session::AddLayout(
+    std::shared_ptr<const TensorLayout> layout) {
+  std::lock_guard lock(mu_);
+  if (layouts_.size() >= kMaxLayoutsPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a session may define at most ", kMaxLayoutsPerSession, " layouts"));
+  }
+  layouts_.push_back(std::move(layout));
+  return layouts_.size();
+}
+
+absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
+    uint64_t id) const {
+  std::lock_guard lock(mu_);
+  if (id == 0 || id > layouts_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown layout id ", id));
+  }
+  // A layout holds the addresses it resolved when it was defined. Host
+  // memory of a released region may be anything now; a GPU region's
+  // address is checked again at every copy (a region registered again in
+  // place of a re-allocated one serves the same addresses).
+  for (const v1::TensorItem& item : layouts_[id - 1]->items) {
+    const Region& r = regions_[item.memory().region_id()];
+    if (!r.gpu && r.released) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layout ", id, " refers to region ", item.memory().region_id(),
+          ", which was released: define the layout again"));
+    }
+  }
+  return layouts_[id - 1];
+}
+
+absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
+    const std::string& path, uint32_t max_sessions, SessionGpu gpu,
+    ClosedCallback on_closed) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", path));
+  }
+  // Bound under a temporary name; Publish gives it its name.
+  const std::string unpublished = UnpublishedPath(path);
+  if (unpublished.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path too long: ", unpublished));
+  }
+  std::memcpy(addr.sun_path, unpublished.c_str(), unpublished.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
+  for (const std::string& stale : {path, unpublished}) {
+    if (::unlink(stale.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", stale));
+    }
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("bind ", unpublished));
+  }
+  if (::listen(fd.get(), 128) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("listen ", unpublished));
+  }
+  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
+  std::unique_ptr<SessionRegistry> registry(new SessionRegistry(
+      std::move(fd), std::move(wake), path, max_sessions, std::move(gpu),
+      std::move(on_closed)));
+  registry->thread_ = std::thread([r = registry.get()] { r->Run(); });
+  return registry;
+}
+
+SessionRegistry::SessionRegistry(UniqueFd listener, UniqueFd wake,
+                                 std::string path, uint32_t max_sessions,
+                                 SessionGpu gpu, ClosedCallback on_closed)
+    : listener_(std::move(listener)),
+      wake_(std::move(wake)),
+      path_(std::move(path)),
+      max_sessions_(max_sessions),
+      gpu_(gpu),
+      on_closed_(std::move(on_closed)) {}
+
+SessionRegistry::~SessionRegistry() {
+  const uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof(one)) < 0) {
+    LogError("cannot wake the handshake thread: ", std::strerror(errno));
+  }
+  if (thread_.joinable()) thread_.join();
+  ::unlink(path_.c_str());
+  ::unlink(UnpublishedPath(path_).c_str());
+}
+
+std::string SessionRegistry::UnpublishedPath(const std::string& path) {
+  return path + ".new";
+}
+
+absl::Status SessionRegistry::Publish() {
+  const std::string unpublished = UnpublishedPath(path_);
+  if (::rename(unpublished.c_str(), path_.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", unpublished, " to ", path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
+    const std::string& token) const {
+  std::lock_guard lock(mu_);
+  auto it = by_token_.find(token);
+  if (it == by_token_.end() || it->second->closed()) {
+    return absl::UnauthenticatedError(
+        "unknown or closed session token (connect through the handshake "
+        "socket first)");
+  }
+  return it->second;
+}
+
+size_t SessionRegistry::gpu_regions() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [token, session] : by_token_) n += session->live_gpu_regions();
+  return n;
+}
+
+size_t SessionRegistry::size() const {
+  std::lock_guard lock(mu_);
+  return by_token_.size();
+}
+
+void SessionRegistry::Run() {
+  std::vector<pollfd> fds;
+  while (true) {
+    fds.clear();
+    fds.push_back({wake_.get(), POLLIN, 0});
+    fds.push_back({listener_.get(), POLLIN, 0});
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [fd, entry] : by_fd_) fds.push_back({fd, POLLIN, 0});
+    }
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      LogError("handshake poll failed: ", std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      // A session socket carries nothing after the handshake: any readable
+      // event is the peer closing it (or dying).
+      if (fds[i].revents != 0) Close(fds[i].fd);
+    }
+  }
+}
+
+void SessionRegistry::Accept() {
+  UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno != EAGAIN && errno != EINTR) {
+      LogWarning("handshake accept failed: ", std::strerror(errno));
+    }
+    return;
+  }
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    LogWarning("SO_PEERCRED failed: ", std::strerror(errno));
+    return;
+  }
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
+  if (!pidfd.valid()) {
+    LogWarning("pidfd_open(", cred.pid, ") failed: ", std::strerror(errno));
+    return;
+  }
+  auto token = RandomToken();
+  if (!token.ok()) {
+    LogError(token.status().ToString());
+    return;
+  }
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    if (by_token_.size() >= max_sessions_) {
+      LogWarning("refusing session of pid ", cred.pid, ": ", max_sessions_,
+                 " sessions are open");
+      return;
+    }
+    session = std::make_shared<Session>(next_id_++, *token, cred.pid, cred.uid,
+                                        std::move(pidfd), gpu_);
+  }
+  // The session is known before its token leaves: a client may call
+  // OpenSession the moment it has read the reply.
+  const int raw = fd.get();
+  {
+    std::lock_guard lock(mu_);
+    by_token_[session->token()] = session;
+    by_fd_[raw] = {std::move(fd), session};
+  }
+  // Reply: token, then the daemon's pid (the client allows it to ptrace-read
+  // with PR_SET_PTRACER where Yama restricts process_vm_readv).
+  char reply[kSessionTokenBytes + 4];
+  std::memcpy(reply, token->data(), kSessionTokenBytes);
+  const uint32_t self = static_cast<uint32_t>(::getpid());
+  std::memcpy(reply + kSessionTokenBytes, &self, 4);
+  if (::send(raw, reply, sizeof(reply), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof(reply))) {
+    LogWarning("handshake reply to pid ", cred.pid, " failed");
+    Close(raw);
+    return;
+  }
+  LogInfo("session ", session->id(), " opened by pid ", cred.pid, " uid ",
+          cred.uid);
+}
+
+void SessionRegistry::Close(int fd) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return;
+    session = it->second.second;
+    by_token_.erase(session->token());
+    by_fd_.erase(it);  // closes the socket
+  }
+  session->MarkClosed();
+  LogInfo("session ", session->id(), " (pid ", session->pid(), ") closed");
+  if (on_closed_) on_closed_(session);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,175 @@
+// Sessions: a trainer process's authenticated binding to the daemon.
+//
+// gRPC C++ does not expose a Unix-socket peer's credentials to handlers, so
+// sessions are bound on a separate handshake socket (<socket>.session): the
+// daemon accepts, reads the peer's pid/uid with SO_PEERCRED, opens a pidfd
+// for that pid, and writes back a random 128-bit token plus its own pid.
+// Every session RPC carries the token; the pid the daemon reads and writes
+// is the kernel's, never a value from a request (invariant 6). The client
+// keeps the handshake socket open for the life of the session: its hang-up
+// is the daemon's liveness signal for the trainer.
+//
+// Thread-safety: Session and SessionRegistry are safe for concurrent use.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "ckpt/v1/control.pb.h"
+#include "common/unique_fd.h"
+#include "gpu/gpu_device.h"
+#include "plan/tensor_layout.h"
+#include "session/gpu_backend.h"
+#include "session/gpu_regions.h"
+#include "session/memory_source.h"
+#include "session/session_memory.h"
+
+namespace ckpt {
+
+inline constexpr size_t kSessionTokenBytes = 16;
+// Bounds per session, so one client cannot grow the daemon without limit.
+inline constexpr size_t kMaxRegionsPerSession = 1 << 16;
+inline constexpr size_t kMaxLayoutsPerSession = 64;
+
+// What a session needs of the daemon's GPU: the backend (null: none) and
+// how long a copy may wait for the trainer's stream and run.
+struct SessionGpu {
+  GpuBackend* backend = nullptr;
+  absl::Duration copy_timeout = absl::Minutes(5);
+};
+
+class Session {
+ public:
+  Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd,
+          const SessionGpu& gpu = {});
+  ~Session();
+
+  uint64_t id() const { return id_; }
+  const std::string& token() const { return token_; }
+  pid_t pid() const { return pid_; }
+  uid_t uid() const { return uid_; }
+
+  // Set once by OpenSession. `node_id`/`nodes` are the daemon's: the
+  // request must name this node, and may leave local_world_size 0 only on a
+  // one-node daemon.
+  absl::Status Open(const v1::OpenSessionRequest& request, uint32_t node_id,
+                    uint32_t nodes);
+  bool opened() const { return opened_.load(); }
+  uint32_t rank() const { return rank_; }
+  uint32_t world_size() const { return world_size_; }
+  uint32_t local_world_size() const { return local_world_size_; }
+  const std::string& job() const { return job_; }
+
+  // Registers host and CUDA regions; returns their ids. CUDA regions are
+  // opened now (their allocations mapped, their events opened); if one
+  // fails, none of the request's regions is usable (a live CUDA region that
+  // an opened one replaced stays released).
+  absl::StatusOr<std::vector<uint64_t>> RegisterRegions(
+      const google::protobuf::RepeatedPtrField<v1::Region>& regions);
+  // Ends regions; a CUDA region's allocations are unmapped once no copy in
+  // flight uses them. Unknown ids are an error; released ones are not.
+  absl::Status ReleaseRegions(const google::protobuf::RepeatedField<uint64_t>& ids);
+  size_t live_gpu_regions() const { return gpu_.live_regions(); }
+  // The peer address of `ref`, after checking it lies inside its region.
+  absl::StatusOr<uint64_t> Resolve(const v1::MemoryRef& ref) const;
+
+  // Keeps a validated layout for later saves; returns its id (from 1).
+  absl::StatusOr<uint64_t> AddLayout(std::shared_ptr<const TensorLayout> layout);
+  absl::StatusOr<std::shared_ptr<const TensorLayout>> FindLayout(uint64_t id) const;
+
+  // Reads/writes the peer's memory, host and GPU (SessionMemory).
+  MemorySource* memory() { return &memory_; }
+
+  // The trainer is gone: its GPU regions are released.
+  void MarkClosed();
+  bool closed() const { return closed_.load(); }
+
+ private:
+  struct Region {
+    uint64_t address, length;
+    bool gpu = false;
+    bool released = false;
+  };
+
+  // Constant after construction.
+  const uint64_t id_;
+  const std::string token_;
+  const pid_t pid_;
+  const uid_t uid_;
+  const UniqueFd pidfd_;
+  GpuRegions gpu_;
+  SessionMemory memory_;
+
+  std::mutex open_mu_;  // serializes Open
+  std::atomic<bool> opened_{false};
+  std::atomic<bool> closed_{false};
+  uint32_t rank_ = 0;        // written once before opened_ is set
+  uint32_t world_size_ = 0;
+  uint32_t local_world_size_ = 0;
+  std::string job_;
+  mutable std::mutex mu_;
+  std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const TensorLayout>> layouts_ ABSL_GUARDED_BY(mu_);
+};
+
+// Accepts handshakes and tracks live sessions.
+class SessionRegistry {
+ public:
+  using ClosedCallback = std::function<void(const std::shared_ptr<Session>&)>;
+
+  // Binds the handshake socket for `path` (replacing a stale one) and
+  // starts accepting; `max_sessions` bounds the table. The socket appears
+  // at `path` only with Publish: a client that finds it there must find the
+  // gRPC service answering too, so the server publishes it after the
+  // service listens.
+  static absl::StatusOr<std::unique_ptr<SessionRegistry>> Start(
+      const std::string& path, uint32_t max_sessions, SessionGpu gpu,
+      ClosedCallback on_closed);
+  ~SessionRegistry();
+
+  // Gives the handshake socket its name (an atomic rename).
+  absl::Status Publish();
+
+  // The session for `token`; Unauthenticated if unknown or closed.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& token) const;
+  size_t size() const;
+  // CUDA regions mapped now, over all live sessions.
+  size_t gpu_regions() const;
+
+ private:
+  SessionRegistry(UniqueFd listener, UniqueFd wake, std::string path,
+                  uint32_t max_sessions, SessionGpu gpu, ClosedCallback on_closed);
+  static std::string UnpublishedPath(const std::string& path);
+  void Run();
+  void Accept();
+  void Close(int fd);
+
+  const UniqueFd listener_;
+  const UniqueFd wake_;  // eventfd that stops Run
+  const std::string path_;
+  const uint32_t max_sessions_;
+  const SessionGpu gpu_;
+  const ClosedCallback on_closed_;
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<std::string, std::shared_ptr<Session>> by_token_
+      ABSL_GUARDED_BY(mu_);
+  // Handshake socket of each session (owned here; closing ends it).
+  std::unordered_map<int, std::pair<UniqueFd, std::shared_ptr<Session>>> by_fd_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt

@@ -1,0 +1,106 @@
+// Retention keeps the newest committed checkpoints, deletes older ones
+// COMMIT first, and never deletes what a load is reading, an uncommitted
+// checkpoint, or LATEST.
+#include "storage/retention.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "storage/checkpoint_leases.h"
+#include "storage/checkpoint_store.h"
+#include "support/temp_dir.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Fixture {
+  testing::TempDir tmp;
+  CheckpointStore store{tmp.path()};
+  CheckpointLeases leases;
+
+  // A committed checkpoint `name` committed at `micros`, with one data file.
+  void Commit(const std::string& name, int64_t micros) {
+    REQUIRE(store.PrepareForSave("job", name, 0).ok());
+    v1::CommitRecord record;
+    record.set_format_version(1);
+    v1::Manifest& index = *record.mutable_index();
+    index.set_job("job");
+    index.set_checkpoint(name);
+    index.add_files()->set_name("data.safetensors");
+    record.set_committed_unix_micros(micros);
+    REQUIRE(store.WriteCommit(record).ok());
+    REQUIRE(store.UpdateLatest("job", name, micros).ok());
+  }
+  bool Exists(const std::string& name) { return fs::exists(store.CheckpointDir("job", name)); }
+};
+
+TEST_CASE("retention keeps the newest N committed checkpoints and deletes the rest",
+          "[retention]") {
+  Fixture f;
+  f.Commit("a", 100);
+  f.Commit("b", 200);
+  f.Commit("c", 300);
+  REQUIRE(f.store.PrepareForSave("job", "in-flight", 0).ok());  // uncommitted
+
+  auto deleted = ApplyRetention(f.store, f.leases, "job", 2);
+  REQUIRE(deleted.ok());
+  CHECK(*deleted == std::vector<std::string>{"a"});
+  CHECK_FALSE(f.Exists("a"));
+  CHECK(f.Exists("b"));
+  CHECK(f.Exists("c"));
+  CHECK(f.Exists("in-flight"));
+  auto latest = f.store.ResolveLatest("job");
+  REQUIRE(latest.ok());
+  CHECK(*latest == "c");
+}
+
+TEST_CASE("retention with keep_last 0 deletes nothing", "[retention]") {
+  Fixture f;
+  f.Commit("a", 100);
+  f.Commit("b", 200);
+  auto deleted = ApplyRetention(f.store, f.leases, "job", 0);
+  REQUIRE(deleted.ok());
+  CHECK(deleted->empty());
+  CHECK(f.Exists("a"));
+}
+
+TEST_CASE("retention skips a checkpoint being read and deletes it on a later pass",
+          "[retention]") {
+  Fixture f;
+  f.Commit("a", 100);
+  f.Commit("b", 200);
+  REQUIRE(f.leases.Acquire("job", "a").ok());
+  auto first = ApplyRetention(f.store, f.leases, "job", 1);
+  REQUIRE(first.ok());
+  CHECK(first->empty());
+  CHECK(f.store.IsCommitted("job", "a"));
+
+  f.leases.Release("job", "a");
+  auto second = ApplyRetention(f.store, f.leases, "job", 1);
+  REQUIRE(second.ok());
+  CHECK(*second == std::vector<std::string>{"a"});
+  CHECK_FALSE(f.Exists("a"));
+}
+
+TEST_CASE("a checkpoint claimed for deletion cannot be leased", "[retention]") {
+  CheckpointLeases leases;
+  REQUIRE(leases.ClaimForDeletion("job", "a"));
+  CHECK(leases.Acquire("job", "a").code() == absl::StatusCode::kNotFound);
+  leases.Deleted("job", "a");
+  CHECK(leases.Acquire("job", "a").ok());
+  CHECK_FALSE(leases.ClaimForDeletion("job", "a"));
+}
+
+TEST_CASE("DeleteCommitted makes the checkpoint invisible and removes its files",
+          "[retention]") {
+  Fixture f;
+  f.Commit("a", 100);
+  REQUIRE(f.store.DeleteCommitted("job", "a").ok());
+  CHECK(f.store.ReadCommit("job", "a").status().code() == absl::StatusCode::kNotFound);
+  CHECK_FALSE(f.Exists("a"));
+}
+
+}  // namespace
+}  // namespace ckpt
