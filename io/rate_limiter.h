@@ -6,10 +6,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ckpt {
 
@@ -24,7 +24,7 @@ class RateLimiter {
     if (rate_ == 0) return;
     Clock::time_point start;
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       const auto now = Clock::now();
       if (next_ < now) next_ = now;
       start = next_;
@@ -36,7 +36,7 @@ class RateLimiter {
  private:
   using Clock = std::chrono::steady_clock;
   const uint64_t rate_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   Clock::time_point next_ ABSL_GUARDED_BY(mu_);
 };
 

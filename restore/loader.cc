@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/box.h"
 #include "common/names.h"
 #include "common/status.h"
@@ -42,7 +43,7 @@ struct RoundRun {
   v1::CommitRecord record;  // ItemReads point into its checksums
   std::map<uint32_t, ShardReadRequest> files;        // by file index
   std::map<uint32_t, std::set<size_t>> file_users;   // file -> entries
-  std::mutex mu;
+  absl::Mutex mu;
   std::atomic<size_t> pending_files{0};
   std::atomic<uint64_t> bytes_read{0};
   CheckpointLeases* leases = nullptr;  // set while a lease is held
@@ -261,7 +262,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       if (n.ok()) {
         run->bytes_read += *n;
       } else {
-        std::lock_guard lock(run->mu);
+        absl::MutexLock lock(&run->mu);
         for (size_t i : run->file_users[file]) {
           if (run->entries[i].status.ok()) run->entries[i].status = n.status();
         }
@@ -287,10 +288,10 @@ Loader::Loader(std::chrono::milliseconds batch_window, const CheckpointStore* st
 
 Loader::~Loader() {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   batcher_.join();
 }
 
@@ -302,7 +303,7 @@ void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
   }
   std::vector<Request> ready;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     Round& round = rounds_[absl::StrCat(request.job(), "/", request.checkpoint())];
     if (round.requests.empty()) {
       round.local_ranks = session->local_world_size();
@@ -319,12 +320,12 @@ void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
   if (!ready.empty()) {
     Launch(std::move(ready));
   } else {
-    wake_.notify_all();
+    wake_.SignalAll();
   }
 }
 
 void Loader::Batch() {
-  std::unique_lock lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
     const auto now = std::chrono::steady_clock::now();
     auto next = std::chrono::steady_clock::time_point::max();
@@ -339,17 +340,18 @@ void Loader::Batch() {
       }
     }
     if (!due.empty()) {
-      lock.unlock();
+      mu_.Unlock();
       for (auto& requests : due) Launch(std::move(requests));
-      lock.lock();
+      mu_.Lock();
       continue;
     }
     if (next == std::chrono::steady_clock::time_point::max()) {
-      wake_.wait(lock);
+      wake_.Wait(&mu_);
     } else {
-      wake_.wait_until(lock, next);
+      wake_.WaitWithTimeout(&mu_, absl::FromChrono(next - now));
     }
   }
+  mu_.Unlock();
 }
 
 void Loader::Launch(std::vector<Request> requests) {

@@ -20,17 +20,16 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.pb.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
@@ -77,8 +76,8 @@ class Loader {
   CheckpointLeases* const leases_;
   const MemoryTier* const tier_;
 
-  std::mutex mu_;
-  std::condition_variable wake_;
+  absl::Mutex mu_;
+  absl::CondVar wake_;
   std::map<std::string, Round> rounds_ ABSL_GUARDED_BY(mu_);  // "job/checkpoint"
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread batcher_;

@@ -6,7 +6,7 @@ namespace ckpt {
 
 absl::Status CheckpointLeases::Acquire(const std::string& job,
                                        const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = Key(job, checkpoint);
   if (deleting_.contains(key)) {
     return absl::NotFoundError(
@@ -17,14 +17,14 @@ absl::Status CheckpointLeases::Acquire(const std::string& job,
 }
 
 void CheckpointLeases::Release(const std::string& job, const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = readers_.find(Key(job, checkpoint));
   if (it != readers_.end() && --it->second == 0) readers_.erase(it);
 }
 
 bool CheckpointLeases::ClaimForDeletion(const std::string& job,
                                         const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = Key(job, checkpoint);
   if (readers_.contains(key)) return false;
   deleting_.insert(key);
@@ -32,7 +32,7 @@ bool CheckpointLeases::ClaimForDeletion(const std::string& job,
 }
 
 void CheckpointLeases::Deleted(const std::string& job, const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   deleting_.erase(Key(job, checkpoint));
 }
 

@@ -12,12 +12,12 @@
 #pragma once
 
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ckpt {
 
@@ -34,7 +34,7 @@ class CheckpointLeases {
   static std::string Key(const std::string& job, const std::string& checkpoint) {
     return job + "/" + checkpoint;
   }
-  std::mutex mu_;
+  absl::Mutex mu_;
   std::map<std::string, int> readers_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> deleting_ ABSL_GUARDED_BY(mu_);
 };

@@ -91,7 +91,7 @@ absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
   // LATEST moves only after COMMIT is durable, so a reader that follows it
   // always finds a committed checkpoint; and only forward, so a slow commit
   // of an older checkpoint cannot pull it back.
-  std::lock_guard lock(latest_mu_);
+  absl::MutexLock lock(&latest_mu_);
   auto current = ReadCommit(job, kLatestAlias);
   if (current.ok() && current->index().checkpoint() != checkpoint &&
       current->committed_unix_micros() > committed_unix_micros) {

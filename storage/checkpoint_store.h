@@ -15,12 +15,12 @@
 // saves of the same checkpoint (SaveCoordinator does).
 #pragma once
 
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.pb.h"
 #include "ckpt/v1/manifest.pb.h"
 
@@ -94,7 +94,7 @@ class CheckpointStore {
   absl::StatusOr<std::vector<std::string>> ListDirs(const std::string& dir) const;
   const std::string root_;
   // Serializes LATEST updates, so concurrent commits cannot interleave.
-  mutable std::mutex latest_mu_;
+  mutable absl::Mutex latest_mu_;
 };
 
 }  // namespace ckpt

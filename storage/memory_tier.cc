@@ -38,7 +38,7 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
   if (size > budget_) return nullptr;
   // Evicted images are unpinned and unmapped after the lock is released.
   std::vector<std::shared_ptr<FileImage>> evicted;
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::string key = Key(job, checkpoint);
   // Evict other checkpoints, oldest first, skipping images a load holds.
   std::shared_ptr<FileImage> reused;
@@ -79,7 +79,7 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
 }
 
 void MemoryTier::MarkCommitted(const std::string& job, const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
   if (it != checkpoints_.end()) it->second.committed = true;
 }
@@ -89,7 +89,7 @@ void MemoryTier::Pin(const std::string& job, const std::string& checkpoint) {
   if (pinner == nullptr) return;
   std::vector<std::shared_ptr<FileImage>> images;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = checkpoints_.find(Key(job, checkpoint));
     if (it == checkpoints_.end()) return;
     for (const auto& [name, image] : it->second.files) images.push_back(image);
@@ -100,7 +100,7 @@ void MemoryTier::Pin(const std::string& job, const std::string& checkpoint) {
 }
 
 void MemoryTier::Drop(const std::string& job, const std::string& checkpoint) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
   if (it == checkpoints_.end()) return;
   for (const auto& [name, image] : it->second.files) used_ -= image->size();
@@ -111,7 +111,7 @@ std::shared_ptr<const FileImage> MemoryTier::Find(const std::string& job,
                                                   const std::string& checkpoint,
                                                   const std::string& file,
                                                   uint64_t size) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
   if (it == checkpoints_.end() || !it->second.committed) return nullptr;
   auto f = it->second.files.find(file);
@@ -120,7 +120,7 @@ std::shared_ptr<const FileImage> MemoryTier::Find(const std::string& job,
 }
 
 uint64_t MemoryTier::used_bytes() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return used_;
 }
 

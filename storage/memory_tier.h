@@ -21,11 +21,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ckpt {
 
@@ -93,7 +93,7 @@ class MemoryTier {
 
   const uint64_t budget_;
   std::atomic<ImagePinner*> pinner_{nullptr};
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);

@@ -12,11 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/ckpt_client.h"
 
 namespace ckpt::testing {
@@ -32,8 +32,8 @@ const char* TestBinary(const char* built) {
   const char* dir = std::getenv("CKPT_TEST_BIN_DIR");
   if (dir == nullptr || *dir == '\0') return built;
   static auto* paths = new std::map<std::string, std::string>();
-  static std::mutex mu;
-  std::lock_guard lock(mu);
+  static absl::Mutex mu(absl::kConstInit);
+  absl::MutexLock lock(&mu);
   std::string& path = (*paths)[built];
   if (path.empty()) {
     path = std::string(dir) + "/" + std::filesystem::path(built).filename().string();
