@@ -14,8 +14,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "grpcpp/grpcpp.h"
+#include "common/handshake_frame.h"
+#include "common/save_phase.h"
 #include "common/status.h"
+#include "grpcpp/grpcpp.h"
 #ifdef CKPT_HAVE_CUDA
 #include "cuda/cuda_trainer_gpu.h"
 #endif
@@ -23,14 +25,7 @@
 namespace ckpt {
 namespace {
 
-constexpr size_t kTokenBytes = 16;
-constexpr int kMaxMessageBytes = 256 << 20;
 constexpr auto kHandshakeRetryFor = std::chrono::seconds(2);
-
-bool IsFinal(v1::Phase phase) {
-  return phase == v1::PHASE_COMMITTED || phase == v1::PHASE_FAILED ||
-         phase == v1::PHASE_CANCELLED;
-}
 
 absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
   sockaddr_un addr{};
@@ -57,12 +52,34 @@ absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
   return fd;
 }
 
+// Reads the daemon's one frame. A daemon that refuses the session (most
+// often: --max_sessions are open) closes the socket without writing one.
+absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd) {
+  char bytes[kHandshakeFrameBytes];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::recv(fd, bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "handshake recv");
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got == 0) {
+    return absl::UnavailableError(
+        "ckptd closed the handshake (too many sessions? see its log)");
+  }
+  // A frame cut short by the daemon closing is refused here, naming its size.
+  return DecodeHandshakeFrame(absl::string_view(bytes, got));
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Both limits are the daemon's ceiling: every request it may accept leaves
+  // this end, and every response it may send arrives (control_socket.h).
+  args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);
+  args.SetMaxSendMessageSize(kMaxControlMessageBytes);
   return grpc::CreateCustomChannel(absl::StrCat("unix:", socket),
                                    grpc::InsecureChannelCredentials(), args);
 }
@@ -75,30 +92,17 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ConnectOptions& options) {
-  ASSIGN_OR_RETURN(UniqueFd fd, DialHandshake(absl::StrCat(options.socket, ".session")));
-  char reply[kTokenBytes + 4];
-  size_t got = 0;
-  while (got < sizeof(reply)) {
-    const ssize_t n = ::recv(fd.get(), reply + got, sizeof(reply) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "handshake recv");
-    if (n == 0) {
-      return absl::UnavailableError(
-          "ckptd closed the handshake (too many sessions? see its log)");
-    }
-    got += static_cast<size_t>(n);
-  }
-  uint32_t daemon_pid = 0;
-  std::memcpy(&daemon_pid, reply + kTokenBytes, 4);
+  ASSIGN_OR_RETURN(UniqueFd fd, DialHandshake(HandshakeSocketPath(options.socket)));
+  ASSIGN_OR_RETURN(HandshakeFrame frame, ReadHandshakeFrame(fd.get()));
   // Under Yama ptrace_scope=1 only a declared tracer may read our memory.
   // Without Yama the call fails with EINVAL, which is fine.
-  if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(daemon_pid), 0, 0, 0) != 0 &&
+  if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(frame.daemon_pid), 0, 0, 0) != 0 &&
       errno != EINVAL) {
     return ErrnoToStatus(errno, "prctl(PR_SET_PTRACER)");
   }
-  std::unique_ptr<Client> client(new Client(options, std::move(fd),
-                                            std::string(reply, kTokenBytes),
-                                            daemon_pid, DaemonChannel(options.socket)));
+  std::unique_ptr<Client> client(new Client(
+      options, std::move(fd), std::move(frame.session_token),
+      static_cast<uint32_t>(frame.daemon_pid), DaemonChannel(options.socket)));
   v1::OpenSessionRequest request;
   request.set_session_token(client->token_);
   request.set_rank(options.rank);
@@ -192,7 +196,7 @@ absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
 
 absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
                                                    uint64_t length) {
-  std::lock_guard lock(gpu_mu_);
+  absl::MutexLock lock(&gpu_mu_);
   ASSIGN_OR_RETURN(GpuRegistration r, RegisterGpu(address, length));
   const uint64_t id = r.daemon_id;
   if (std::find(gpu_devices_.begin(), gpu_devices_.end(), r.device_uuid) ==
@@ -204,13 +208,14 @@ absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
     ASSIGN_OR_RETURN(watched_gpu_, Gpu());
     watch_stop_.reset(::eventfd(0, EFD_CLOEXEC));
     if (!watch_stop_.valid()) return ErrnoToStatus(errno, "eventfd");
-    daemon_watch_ = std::thread([this] { WatchDaemon(); });
+    daemon_watch_ = std::thread(
+        [this, stop_fd = watch_stop_.get()] { WatchDaemon(stop_fd); });
   }
   return id;
 }
 
-void Client::WatchDaemon() {
-  pollfd fds[2] = {{handshake_.get(), POLLRDHUP, 0}, {watch_stop_.get(), POLLIN, 0}};
+void Client::WatchDaemon(int stop_fd) {
+  pollfd fds[2] = {{handshake_.get(), POLLRDHUP, 0}, {stop_fd, POLLIN, 0}};
   for (;;) {
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -220,7 +225,7 @@ void Client::WatchDaemon() {
     if (fds[1].revents != 0) return;  // the client is closing
     if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) break;
   }
-  std::lock_guard lock(gpu_mu_);
+  absl::MutexLock lock(&gpu_mu_);
   for (const std::string& uuid : gpu_devices_) {
     absl::Status s = watched_gpu_->SignalStaged(uuid);
     if (!s.ok()) {
@@ -231,21 +236,28 @@ void Client::WatchDaemon() {
 }
 
 Client::~Client() {
-  if (daemon_watch_.joinable()) {
-    const uint64_t one = 1;
-    // An eventfd write fails only if its counter would overflow.
-    if (::write(watch_stop_.get(), &one, sizeof(one)) != sizeof(one)) {
-      std::fprintf(stderr, "libckpt: cannot stop the daemon watcher: %s\n",
-                   std::strerror(errno));
+  std::thread watcher;
+  {
+    absl::MutexLock lock(&gpu_mu_);
+    if (daemon_watch_.joinable()) {
+      const uint64_t one = 1;
+      // An eventfd write fails only if its counter would overflow.
+      if (::write(watch_stop_.get(), &one, sizeof(one)) != sizeof(one)) {
+        std::fprintf(stderr, "libckpt: cannot stop the daemon watcher: %s\n",
+                     std::strerror(errno));
+      }
+      watcher = std::move(daemon_watch_);
     }
-    daemon_watch_.join();
   }
+  // Joined without the lock: a watcher that saw the daemon exit takes it to
+  // release the staged waits. watch_stop_ outlives it (a member).
+  if (watcher.joinable()) watcher.join();
 }
 
 absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
   v1::ReleaseRegionsRequest request;
   request.set_session_token(token_);
-  std::lock_guard lock(gpu_mu_);
+  absl::MutexLock lock(&gpu_mu_);
   for (uint64_t id : ids) {
     auto it = gpu_regions_.find(id);
     request.add_region_ids(it == gpu_regions_.end() ? id : it->second.daemon_id);
@@ -261,7 +273,7 @@ absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
 
 void Client::RemapRegionIds(
     google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors) {
-  std::lock_guard lock(gpu_mu_);
+  absl::MutexLock lock(&gpu_mu_);
   if (gpu_regions_.empty()) return;
   for (v1::TensorItem& item : *tensors) {
     auto it = gpu_regions_.find(item.memory().region_id());
@@ -290,7 +302,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   TrainerGpu* gpu = nullptr;
   std::vector<std::string> devices;
   {
-    std::lock_guard lock(gpu_mu_);
+    absl::MutexLock lock(&gpu_mu_);
     if (!gpu_regions_.empty()) {
       gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
     }
@@ -360,7 +372,7 @@ SaveHandle::~SaveHandle() {
 }
 
 void SaveHandle::StartFollowing() {
-  std::call_once(follow_once_, [this] { follower_ = std::thread([this] { Follow(); }); });
+  absl::call_once(follow_once_, [this] { follower_ = std::thread([this] { Follow(); }); });
 }
 
 void SaveHandle::Follow() {
@@ -369,34 +381,32 @@ void SaveHandle::Follow() {
   request.set_save_id(id_);
   auto reader = stub_->WatchSave(&context_, request);
   v1::SaveProgress progress;
+  // Waiters Await conditions on these fields: absl::Mutex re-evaluates them
+  // when the lock is released, so no explicit signal is needed.
   while (reader->Read(&progress)) {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     progress_ = progress;
-    changed_.notify_all();
   }
   grpc::Status status = reader->Finish();
-  {
-    std::lock_guard lock(mu_);
-    ended_ = true;
-    if (!IsFinal(progress_.phase())) {
-      stream_error_ = status.ok()
-                          ? absl::UnavailableError("progress stream ended early")
-                          : FromGrpc(status, "WatchSave");
-    }
-    changed_.notify_all();
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+  if (!IsFinalPhase(progress_.phase())) {
+    stream_error_ = status.ok()
+                        ? absl::UnavailableError("progress stream ended early")
+                        : FromGrpc(status, "WatchSave");
   }
+}
+
+bool SaveHandle::Reached(v1::Phase phase, bool enqueued) const {
+  return progress_.phase() >= phase || (enqueued && progress_.copies_enqueued());
 }
 
 absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
   StartFollowing();
-  std::unique_lock lock(mu_);
-  auto reached = [&] {
-    return progress_.phase() >= phase ||
-           (enqueued && progress_.copies_enqueued());
+  const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ended_ || IsFinalPhase(progress_.phase()) || Reached(phase, enqueued);
   };
-  changed_.wait(lock, [&] {
-    return ended_ || IsFinal(progress_.phase()) || reached();
-  });
+  absl::MutexLock lock(&mu_, absl::Condition(&settled));
   if (progress_.phase() == v1::PHASE_FAILED ||
       progress_.phase() == v1::PHASE_CANCELLED) {
     const auto code = progress_.phase() == v1::PHASE_CANCELLED
@@ -407,7 +417,7 @@ absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
                                            v1::Phase_Name(progress_.phase()),
                                            ": ", progress_.reason()));
   }
-  if (reached()) return absl::OkStatus();
+  if (Reached(phase, enqueued)) return absl::OkStatus();
   return stream_error_;
 }
 
@@ -425,7 +435,7 @@ absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); 
 
 v1::SaveProgress SaveHandle::progress() {
   StartFollowing();
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return progress_;
 }
 

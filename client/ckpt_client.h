@@ -24,29 +24,30 @@
 // the session. Keep the Client alive while saves run: closing it tells the
 // daemon this rank is gone.
 //
-// Thread-safety: Client methods may be called from any thread. A SaveHandle
-// is safe to use from several threads.
+// Thread-safety: Client methods may be called from any thread (its GPU
+// region table is guarded by one absl::Mutex, held across the region RPCs
+// but never while waiting for a save's progress). A SaveHandle is safe to
+// use from several threads.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
+#include "common/control_socket.h"
 #include "common/unique_fd.h"
 #include "gpu/trainer_gpu.h"
+#include "grpcpp/grpcpp.h"
 
 namespace ckpt {
-
-inline constexpr char kDefaultSocket[] = "/run/ckptd/ckptd.sock";
 
 struct ConnectOptions {
   std::string socket = kDefaultSocket;
@@ -60,15 +61,14 @@ struct ConnectOptions {
   TrainerGpu* gpu = nullptr;
 };
 
-// A gRPC channel to the daemon's socket with the message size limits the
-// daemon uses.
+// A gRPC channel to the daemon's socket that sends and receives messages of
+// up to kMaxControlMessageBytes, the daemon's own ceiling
+// (common/control_socket.h).
 std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket);
 
 // Turns a gRPC status into an absl::Status with `what` as context.
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what);
 
-// One rank's in-flight save. A background thread, started on first use (so
-// the save call itself stays cheap), follows the daemon's progress stream.
 // A GPU region as registered: what a save checks for re-allocation.
 struct GpuRegistration {
   uint64_t daemon_id = 0;  // the daemon's id now (changes on re-register)
@@ -78,6 +78,9 @@ struct GpuRegistration {
   std::vector<uint64_t> allocation_ids;
 };
 
+// One rank's in-flight save. A background thread, started on first use (so
+// the save call itself stays cheap), follows the daemon's progress stream.
+// Borrows the Client's stub: a SaveHandle must not outlive its Client.
 class SaveHandle {
  public:
   ~SaveHandle();
@@ -107,18 +110,25 @@ class SaveHandle {
   void StartFollowing();
   // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED).
   absl::Status WaitFor(v1::Phase phase, bool enqueued = false);
+  // Whether the progress seen so far satisfies WaitFor(phase, enqueued).
+  bool Reached(v1::Phase phase, bool enqueued) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Constant after construction.
   v1::Ckptd::Stub* const stub_;
   const std::string token_;
   const uint64_t id_;
   TrainerGpu* const gpu_;                       // null without GPU regions
   const std::vector<std::string> gpu_devices_;  // uuids the save reads
-  grpc::ClientContext context_;
-  std::once_flag follow_once_;
-  std::thread follower_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
+  // The progress stream's context: the follower reads through it, the
+  // destructor cancels it (grpc::ClientContext::TryCancel is thread-safe).
+  grpc::ClientContext context_;
+  absl::once_flag follow_once_;
+  std::thread follower_;  // set once, inside follow_once_
+
+  // What the follower has seen; waiters Await a change of it.
+  absl::Mutex mu_;
   v1::SaveProgress progress_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_error_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
@@ -168,34 +178,42 @@ class Client {
   // Sends a RegisterRegions request of one region; returns its id.
   absl::StatusOr<uint64_t> RegisterOne(const v1::RegisterRegionsRequest& request);
   // Replaces the application's GPU region ids with the daemon's current ones.
-  void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors);
+  void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors)
+      ABSL_LOCKS_EXCLUDED(gpu_mu_);
   // Watches the session socket once GPU regions exist: the daemon closes it
   // only by exiting, and then its staged events will never complete, so
   // the watcher completes them here (TrainerGpu::SignalStaged) and no
-  // trainer stream waits for a daemon that is gone.
-  void WatchDaemon();
+  // trainer stream waits for a daemon that is gone. Returns when `stop_fd`
+  // (watch_stop_, an eventfd) becomes readable.
+  void WatchDaemon(int stop_fd) ABSL_LOCKS_EXCLUDED(gpu_mu_);
   // The GPU seam, created on first use when options_.gpu is null.
   absl::StatusOr<TrainerGpu*> Gpu() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
   // Exports and registers one GPU region; the daemon assigns a new id.
   absl::StatusOr<GpuRegistration> RegisterGpu(uint64_t address, uint64_t length)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
 
+  // Constant after construction.
   const ConnectOptions options_;
   const UniqueFd handshake_;  // held open: the session lives while it does
   const std::string token_;
   const uint32_t daemon_pid_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Ckptd::Stub> stub_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Ckptd::Stub> stub_;  // thread-safe
 
-  std::mutex gpu_mu_;
+  // Guards the GPU state, which the first GPU region creates. Held across
+  // the RegisterRegions and ReleaseRegions calls, so that a save and a
+  // (re-)registration never see a half-updated table.
+  absl::Mutex gpu_mu_;
   std::unique_ptr<TrainerGpu> own_gpu_ ABSL_GUARDED_BY(gpu_mu_);
   // Live GPU regions by the id the application holds.
   std::map<uint64_t, GpuRegistration> gpu_regions_ ABSL_GUARDED_BY(gpu_mu_);
   // Devices whose staged events a trainer stream may wait on.
   std::vector<std::string> gpu_devices_ ABSL_GUARDED_BY(gpu_mu_);
   TrainerGpu* watched_gpu_ ABSL_GUARDED_BY(gpu_mu_) = nullptr;
-  UniqueFd watch_stop_;  // eventfd that ends the watcher
-  std::thread daemon_watch_;
+  // The watcher and the eventfd that ends it: started once, by the first GPU
+  // region; the destructor stops and joins it.
+  UniqueFd watch_stop_ ABSL_GUARDED_BY(gpu_mu_);
+  std::thread daemon_watch_ ABSL_GUARDED_BY(gpu_mu_);
 };
 
 }  // namespace ckpt

@@ -7,7 +7,8 @@
 //   ckptctl [--socket PATH] verify JOB [CHECKPOINT]   check every stored byte
 //   ckptctl [--socket PATH] inspect [--json] JOB [CHECKPOINT]   the index
 //
-// Exit status: 0 on success, 1 on an error from the daemon, 2 on bad usage.
+// Exit status: 0 on success, 1 on an error from the daemon (or damage found
+// by verify), 2 on bad usage.
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +19,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,8 +27,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ckpt_client.h"
+#include "common/control_socket.h"
+#include "common/status.h"
 
 namespace {
+
+using ckpt::v1::Ckptd;
+
+constexpr int kBadUsage = 2;
 
 constexpr char kUsage[] =
     "usage: ckptctl [--socket PATH] COMMAND\n"
@@ -89,19 +97,50 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
   return out;
 }
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "ckptctl: %s\n", std::string(status.message()).c_str());
-  return 1;
-}
+// How long a query waits for the daemon's answer. Status, list, cancel and
+// inspect are answered from the daemon's memory or a few small files, so a
+// daemon silent for this long is stuck, and the operator gets an error
+// instead of a shell that hangs. verify and gc do work that grows with the
+// checkpoint and the storage root: they wait as long as it takes.
+constexpr absl::Duration kQueryDeadline = absl::Seconds(60);
+constexpr absl::Duration kNoDeadline = absl::InfiniteDuration();
 
-int Status(ckpt::v1::Ckptd::Stub& stub, bool watch) {
-  while (true) {
-    ckpt::v1::DaemonStatusResponse response;
+// The daemon as every command calls it: one channel with the control
+// socket's message limits (DaemonChannel), and per call a fresh context with
+// the command's deadline. A failed call comes back as a Status named after
+// the call; main prints it, once, for every command.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& socket)
+      : stub_(Ckptd::NewStub(ckpt::DaemonChannel(socket))) {}
+
+  // `method` is a unary call of the stub, e.g. &Ckptd::Stub::Verify.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(
+      grpc::Status (Ckptd::Stub::*method)(grpc::ClientContext*, const Request&,
+                                          Response*),
+      const Request& request, absl::string_view what, absl::Duration deadline) {
     grpc::ClientContext context;
-    auto status = ckpt::FromGrpc(
-        stub.DaemonStatus(&context, ckpt::v1::DaemonStatusRequest(), &response),
-        "DaemonStatus");
-    if (!status.ok()) return Fail(status);
+    if (deadline != kNoDeadline) {
+      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    }
+    Response response;
+    RETURN_IF_ERROR(
+        ckpt::FromGrpc((stub_.get()->*method)(&context, request, &response), what));
+    return response;
+  }
+
+ private:
+  const std::unique_ptr<Ckptd::Stub> stub_;
+};
+
+// Each command returns its exit status, or the error main prints.
+absl::StatusOr<int> Status(Daemon& daemon, bool watch) {
+  while (true) {
+    ASSIGN_OR_RETURN(const ckpt::v1::DaemonStatusResponse response,
+                     daemon.Call(&Ckptd::Stub::DaemonStatus,
+                                 ckpt::v1::DaemonStatusRequest(), "DaemonStatus",
+                                 kQueryDeadline));
     const std::string text = RenderStatus(response);
     // Redraw in place on a terminal.
     if (watch && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
@@ -112,14 +151,12 @@ int Status(ckpt::v1::Ckptd::Stub& stub, bool watch) {
   }
 }
 
-int List(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
+absl::StatusOr<int> List(Daemon& daemon, const std::string& job) {
   ckpt::v1::ListCheckpointsRequest request;
   request.set_job(job);
-  ckpt::v1::ListCheckpointsResponse response;
-  grpc::ClientContext context;
-  auto status =
-      ckpt::FromGrpc(stub.ListCheckpoints(&context, request, &response), "List");
-  if (!status.ok()) return Fail(status);
+  ASSIGN_OR_RETURN(const ckpt::v1::ListCheckpointsResponse response,
+                   daemon.Call(&Ckptd::Stub::ListCheckpoints, request, "List",
+                               kQueryDeadline));
   std::printf("%-24s %-24s %-12s %6s %12s  %s\n", "JOB", "CHECKPOINT", "STATE",
               "RANKS", "SIZE", "COMMITTED");
   for (const auto& c : response.checkpoints()) {
@@ -137,29 +174,27 @@ int List(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
   return 0;
 }
 
-int Cancel(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
-           const std::string& checkpoint) {
+absl::StatusOr<int> Cancel(Daemon& daemon, const std::string& job,
+                           const std::string& checkpoint) {
   ckpt::v1::CancelRequest request;
   request.set_job(job);
   request.set_checkpoint(checkpoint);
-  ckpt::v1::CancelResponse response;
-  grpc::ClientContext context;
-  auto status = ckpt::FromGrpc(stub.Cancel(&context, request, &response), "Cancel");
-  if (!status.ok()) return Fail(status);
+  ASSIGN_OR_RETURN(
+      const ckpt::v1::CancelResponse response,
+      daemon.Call(&Ckptd::Stub::Cancel, request, "Cancel", kQueryDeadline));
   std::printf("cancelled %s/%s (%u rank saves)\n", job.c_str(), checkpoint.c_str(),
               response.cancelled_saves());
   return 0;
 }
 
-int Verify(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
-           const std::string& checkpoint) {
+absl::StatusOr<int> Verify(Daemon& daemon, const std::string& job,
+                           const std::string& checkpoint) {
   ckpt::v1::VerifyRequest request;
   request.set_job(job);
   request.set_checkpoint(checkpoint);
-  ckpt::v1::VerifyResponse response;
-  grpc::ClientContext context;
-  auto status = ckpt::FromGrpc(stub.Verify(&context, request, &response), "verify");
-  if (!status.ok()) return Fail(status);
+  ASSIGN_OR_RETURN(
+      const ckpt::v1::VerifyResponse response,
+      daemon.Call(&Ckptd::Stub::Verify, request, "verify", kNoDeadline));
   for (const auto& d : response.damage()) std::printf("DAMAGED: %s\n", d.c_str());
   std::printf("%s/%s: %u files, %s verified, %d problem(s)\n", job.c_str(),
               response.checkpoint().c_str(), response.files(),
@@ -232,15 +267,14 @@ std::string RenderCheckpoint(const ckpt::v1::CommitRecord& record) {
   return out;
 }
 
-int Inspect(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
-            const std::string& checkpoint, bool json) {
+absl::StatusOr<int> Inspect(Daemon& daemon, const std::string& job,
+                            const std::string& checkpoint, bool json) {
   ckpt::v1::InspectRequest request;
   request.set_job(job);
   request.set_checkpoint(checkpoint);
-  ckpt::v1::InspectResponse response;
-  grpc::ClientContext context;
-  auto status = ckpt::FromGrpc(stub.Inspect(&context, request, &response), "inspect");
-  if (!status.ok()) return Fail(status);
+  ASSIGN_OR_RETURN(
+      const ckpt::v1::InspectResponse response,
+      daemon.Call(&Ckptd::Stub::Inspect, request, "inspect", kQueryDeadline));
   if (!json) {
     std::fputs(RenderCheckpoint(response.record()).c_str(), stdout);
     return 0;
@@ -253,24 +287,53 @@ int Inspect(ckpt::v1::Ckptd::Stub& stub, const std::string& job,
   auto converted =
       google::protobuf::util::MessageToJsonString(response.record(), &text, options);
   if (!converted.ok()) {
-    return Fail(absl::InternalError(absl::StrCat("inspect: to JSON: ",
-                                                 converted.message().as_string())));
+    return absl::InternalError(
+        absl::StrCat("inspect: to JSON: ", converted.message().as_string()));
   }
   std::fputs(text.c_str(), stdout);
   return 0;
 }
 
-int Gc(ckpt::v1::Ckptd::Stub& stub, const std::string& job) {
+absl::StatusOr<int> Gc(Daemon& daemon, const std::string& job) {
   ckpt::v1::CollectGarbageRequest request;
   request.set_job(job);
-  ckpt::v1::CollectGarbageResponse response;
-  grpc::ClientContext context;
-  auto status =
-      ckpt::FromGrpc(stub.CollectGarbage(&context, request, &response), "gc");
-  if (!status.ok()) return Fail(status);
+  ASSIGN_OR_RETURN(
+      const ckpt::v1::CollectGarbageResponse response,
+      daemon.Call(&Ckptd::Stub::CollectGarbage, request, "gc", kNoDeadline));
   for (const auto& r : response.removed()) std::printf("removed %s\n", r.c_str());
   std::printf("%d uncommitted checkpoint(s) removed\n", response.removed_size());
   return 0;
+}
+
+// Runs the command `args` names; kBadUsage if it names none.
+absl::StatusOr<int> RunCommand(Daemon& daemon, const std::vector<std::string>& args) {
+  const std::string& command = args[0];
+  if (command == "status" && args.size() <= 2 &&
+      (args.size() == 1 || args[1] == "--watch")) {
+    return Status(daemon, args.size() == 2);
+  }
+  if (command == "list" && args.size() <= 2) {
+    return List(daemon, args.size() == 2 ? args[1] : "");
+  }
+  if (command == "verify" && (args.size() == 2 || args.size() == 3)) {
+    return Verify(daemon, args[1], args.size() == 3 ? args[2] : "");
+  }
+  if (command == "inspect") {
+    const bool json = args.size() > 1 && args[1] == "--json";
+    const size_t first = json ? 2 : 1;
+    if (args.size() == first + 1 || args.size() == first + 2) {
+      return Inspect(daemon, args[first], args.size() == first + 2 ? args[first + 1] : "",
+                     json);
+    }
+  }
+  if (command == "gc" && args.size() <= 2) {
+    return Gc(daemon, args.size() == 2 ? args[1] : "");
+  }
+  if (command == "cancel" && args.size() == 3) {
+    return Cancel(daemon, args[1], args[2]);
+  }
+  std::fputs(kUsage, stderr);
+  return kBadUsage;
 }
 
 }  // namespace
@@ -293,34 +356,14 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) {
     std::fputs(kUsage, stderr);
-    return 2;
+    return kBadUsage;
   }
-  auto stub = ckpt::v1::Ckptd::NewStub(ckpt::DaemonChannel(socket));
-  const std::string& command = args[0];
-  if (command == "status" && args.size() <= 2 &&
-      (args.size() == 1 || args[1] == "--watch")) {
-    return Status(*stub, args.size() == 2);
+  Daemon daemon(socket);
+  const absl::StatusOr<int> exit_status = RunCommand(daemon, args);
+  if (!exit_status.ok()) {
+    std::fprintf(stderr, "ckptctl: %s\n",
+                 std::string(exit_status.status().message()).c_str());
+    return 1;
   }
-  if (command == "list" && args.size() <= 2) {
-    return List(*stub, args.size() == 2 ? args[1] : "");
-  }
-  if (command == "verify" && (args.size() == 2 || args.size() == 3)) {
-    return Verify(*stub, args[1], args.size() == 3 ? args[2] : "");
-  }
-  if (command == "inspect") {
-    const bool json = args.size() > 1 && args[1] == "--json";
-    const size_t first = json ? 2 : 1;
-    if (args.size() == first + 1 || args.size() == first + 2) {
-      return Inspect(*stub, args[first], args.size() == first + 2 ? args[first + 1] : "",
-                     json);
-    }
-  }
-  if (command == "gc" && args.size() <= 2) {
-    return Gc(*stub, args.size() == 2 ? args[1] : "");
-  }
-  if (command == "cancel" && args.size() == 3) {
-    return Cancel(*stub, args[1], args[2]);
-  }
-  std::fputs(kUsage, stderr);
-  return 2;
+  return *exit_status;
 }

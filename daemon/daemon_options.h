@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <string>
 
+#include "common/control_socket.h"
+
 namespace ckpt {
 
 struct DaemonOptions {
-  // gRPC socket; the handshake socket is "<socket>.session".
-  std::string socket = "/run/ckptd/ckptd.sock";
+  // gRPC socket; the handshake socket is HandshakeSocketPath(socket).
+  std::string socket = kDefaultSocket;
   // Storage root: <root>/<job>/<checkpoint>/...
   std::string root = "/var/lib/ckptd";
   // Pinned staging memory; the daemon's memory bound (invariant 5).
@@ -23,8 +25,10 @@ struct DaemonOptions {
   uint32_t queue_depth = 16;
   // Granularity of the per-item XXH3 checksums in the manifest.
   uint64_t checksum_block_bytes = 1ull << 20;
-  // Largest gRPC message accepted (a save request with its byte items).
-  uint32_t max_request_bytes = 64u << 20;
+  // Largest gRPC message accepted (a save request with its byte items) and
+  // sent (a load's or an inspect's response). At most kMaxControlMessageBytes,
+  // the limit clients set on their channels (common/control_socket.h says why).
+  uint32_t max_request_bytes = kMaxControlMessageBytes;
   // Items (tensors + byte items) per save request.
   uint32_t max_items_per_save = 1u << 20;
   uint32_t max_sessions = 1024;

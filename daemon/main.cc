@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "common/control_socket.h"
 #include "common/log.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
@@ -32,7 +33,8 @@ ABSL_FLAG(uint32_t, queue_depth, kDefaults.queue_depth,
 ABSL_FLAG(uint64_t, checksum_block_bytes, kDefaults.checksum_block_bytes,
           "bytes per XXH3 checksum block");
 ABSL_FLAG(uint32_t, max_request_bytes, kDefaults.max_request_bytes,
-          "largest accepted gRPC message");
+          "largest gRPC message accepted or sent; at most the default, which "
+          "is the limit clients set on their side");
 ABSL_FLAG(uint64_t, write_rate_limit, kDefaults.write_rate_limit,
           "storage write cap in bytes/s (0: unlimited)");
 ABSL_FLAG(uint32_t, node_id, kDefaults.node_id, "this node's id (0..nodes-1)");
@@ -105,6 +107,14 @@ int main(int argc, char** argv) {
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
+  // Clients send and receive at most kMaxControlMessageBytes: a larger limit
+  // here would let the daemon send responses every client refuses.
+  if (options.max_request_bytes > static_cast<uint32_t>(ckpt::kMaxControlMessageBytes)) {
+    ckpt::LogError("ckptd: --max_request_bytes ", options.max_request_bytes,
+                   " is above ", ckpt::kMaxControlMessageBytes,
+                   ", the largest message clients send and receive");
+    return 1;
+  }
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.
   sigset_t signals;

@@ -92,7 +92,7 @@ absl::Status Session::Open(const v1::OpenSessionRequest& request,
     return absl::InvalidArgumentError(absl::StrCat(
         "local world size ", local, " exceeds world size ", world_size));
   }
-  std::lock_guard lock(open_mu_);
+  absl::MutexLock lock(&open_mu_);
   if (opened_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("session ", id_, " is already open"));
@@ -127,7 +127,7 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
   // allocations are open, which happens without the session's lock.
   uint64_t first = 0;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (regions_.size() + add.size() > kMaxRegionsPerSession) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a session may register at most ", kMaxRegionsPerSession, " regions"));
@@ -145,7 +145,7 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
     }
   }
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (uint64_t id = first; id < first + add.size(); ++id) {
       if (!status.ok()) {
         regions_[id].released = true;  // none of a failed request is usable
@@ -162,21 +162,22 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
 
 absl::Status Session::ReleaseRegions(
     const google::protobuf::RepeatedField<uint64_t>& ids) {
-  std::unique_lock lock(mu_);
-  for (uint64_t id : ids) {
-    if (id >= regions_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown region id ", id));
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      if (id >= regions_.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown region id ", id));
+      }
     }
+    for (uint64_t id : ids) regions_[id].released = true;
   }
-  for (uint64_t id : ids) regions_[id].released = true;
-  lock.unlock();
   // Unmapping can take a while: not under the session's lock.
   for (uint64_t id : ids) gpu_.Release(id);
   return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (ref.region_id() >= regions_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown region id ", ref.region_id()));
@@ -196,7 +197,7 @@ absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
 
 absl::StatusOr<uint64_t> Session::AddLayout(
     std::shared_ptr<const TensorLayout> layout) {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (layouts_.size() >= kMaxLayoutsPerSession) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a session may define at most ", kMaxLayoutsPerSession, " layouts"));
@@ -207,7 +208,7 @@ absl::StatusOr<uint64_t> Session::AddLayout(
 
 absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
     uint64_t id) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (id == 0 || id > layouts_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown layout id ", id));
   }
@@ -298,7 +299,7 @@ absl::Status SessionRegistry::Publish() {
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
     const std::string& token) const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = by_token_.find(token);
   if (it == by_token_.end() || it->second->closed()) {
     return absl::UnauthenticatedError(
@@ -309,14 +310,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
 }
 
 size_t SessionRegistry::gpu_regions() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [token, session] : by_token_) n += session->live_gpu_regions();
   return n;
 }
 
 size_t SessionRegistry::size() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return by_token_.size();
 }
 
@@ -327,7 +328,7 @@ void SessionRegistry::Run() {
     fds.push_back({wake_.get(), POLLIN, 0});
     fds.push_back({listener_.get(), POLLIN, 0});
     {
-      std::lock_guard lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& [fd, entry] : by_fd_) fds.push_back({fd, POLLIN, 0});
     }
     if (::poll(fds.data(), fds.size(), -1) < 0) {
@@ -371,7 +372,7 @@ void SessionRegistry::Accept() {
   }
   std::shared_ptr<Session> session;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (by_token_.size() >= max_sessions_) {
       LogWarning("refusing session of pid ", cred.pid, ": ", max_sessions_,
                  " sessions are open");
@@ -384,19 +385,29 @@ void SessionRegistry::Accept() {
   // OpenSession the moment it has read the reply.
   const int raw = fd.get();
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     by_token_[session->token()] = session;
     by_fd_[raw] = {std::move(fd), session};
   }
   // Reply: token, then the daemon's pid (the client allows it to ptrace-read
   // with PR_SET_PTRACER where Yama restricts process_vm_readv).
-  char reply[kSessionTokenBytes + 4];
-  std::memcpy(reply, token->data(), kSessionTokenBytes);
-  const uint32_t self = static_cast<uint32_t>(::getpid());
-  std::memcpy(reply + kSessionTokenBytes, &self, 4);
-  if (::send(raw, reply, sizeof(reply), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(sizeof(reply))) {
-    LogWarning("handshake reply to pid ", cred.pid, " failed");
+  absl::StatusOr<std::string> reply =
+      EncodeHandshakeFrame({.session_token = *token, .daemon_pid = ::getpid()});
+  if (!reply.ok()) {
+    LogError("handshake reply to pid ", cred.pid, ": ", reply.status().ToString());
+    Close(raw);
+    return;
+  }
+  // A fresh stream socket takes the small frame whole; a short send would
+  // leave the client a truncated frame, so it ends the session as a failed
+  // one does (the client's decode refuses what it got).
+  const ssize_t sent = ::send(raw, reply->data(), reply->size(), MSG_NOSIGNAL);
+  if (sent != static_cast<ssize_t>(reply->size())) {
+    const absl::Status failed =
+        sent < 0 ? ErrnoToStatus(errno, "send")
+                 : absl::UnavailableError(absl::StrCat("short send: ", sent, " of ",
+                                                       reply->size(), " bytes"));
+    LogWarning("handshake reply to pid ", cred.pid, " failed: ", failed.ToString());
     Close(raw);
     return;
   }
@@ -407,7 +418,7 @@ void SessionRegistry::Accept() {
 void SessionRegistry::Close(int fd) {
   std::shared_ptr<Session> session;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = by_fd_.find(fd);
     if (it == by_fd_.end()) return;
     session = it->second.second;

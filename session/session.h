@@ -3,7 +3,8 @@
 // gRPC C++ does not expose a Unix-socket peer's credentials to handlers, so
 // sessions are bound on a separate handshake socket (<socket>.session): the
 // daemon accepts, reads the peer's pid/uid with SO_PEERCRED, opens a pidfd
-// for that pid, and writes back a random 128-bit token plus its own pid.
+// for that pid, and writes back a random 128-bit token plus its own pid
+// (one HandshakeFrame, common/handshake_frame.h).
 // Every session RPC carries the token; the pid the daemon reads and writes
 // is the kernel's, never a value from a request (invariant 6). The client
 // keeps the handshake socket open for the life of the session: its hang-up
@@ -18,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -26,7 +26,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.pb.h"
+#include "common/handshake_frame.h"
 #include "common/unique_fd.h"
 #include "gpu/gpu_device.h"
 #include "plan/tensor_layout.h"
@@ -37,7 +39,6 @@
 
 namespace ckpt {
 
-inline constexpr size_t kSessionTokenBytes = 16;
 // Bounds per session, so one client cannot grow the daemon without limit.
 inline constexpr size_t kMaxRegionsPerSession = 1 << 16;
 inline constexpr size_t kMaxLayoutsPerSession = 64;
@@ -111,14 +112,14 @@ class Session {
   GpuRegions gpu_;
   SessionMemory memory_;
 
-  std::mutex open_mu_;  // serializes Open
+  absl::Mutex open_mu_;  // serializes Open
   std::atomic<bool> opened_{false};
   std::atomic<bool> closed_{false};
   uint32_t rank_ = 0;        // written once before opened_ is set
   uint32_t world_size_ = 0;
   uint32_t local_world_size_ = 0;
   std::string job_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const TensorLayout>> layouts_ ABSL_GUARDED_BY(mu_);
 };
@@ -163,7 +164,7 @@ class SessionRegistry {
   const ClosedCallback on_closed_;
   std::thread thread_;
 
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<std::string, std::shared_ptr<Session>> by_token_
       ABSL_GUARDED_BY(mu_);

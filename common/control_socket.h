@@ -1,0 +1,44 @@
+// The daemon's control socket as both ends know it: where it is by default,
+// the handshake socket beside it, and the largest message either end
+// exchanges on it. The daemon (daemon/daemon_options.h) and the clients
+// (libckpt, ckptctl) take these from here, so the two cannot drift apart.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ckpt {
+
+// The gRPC socket of a daemon started without --socket (the path
+// deploy/ckptd.service passes, in the directory deploy/ckptd.tmpfiles
+// creates), and where clients look when not told otherwise.
+inline constexpr char kDefaultSocket[] = "/run/ckptd/ckptd.sock";
+
+// The handshake socket of the daemon whose gRPC socket is `socket`
+// (common/handshake_frame.h describes what it carries).
+inline std::string HandshakeSocketPath(absl::string_view socket) {
+  return absl::StrCat(socket, ".session");
+}
+
+// The largest gRPC message on the control socket, requests and responses
+// alike.
+//
+// gRPC limits messages on each end separately (by default 4 MiB received and
+// no limit sent), and a message over either end's limit fails the call with
+// RESOURCE_EXHAUSTED:
+//  - a client's send limit refuses a request before it leaves, so it must be
+//    at least the daemon's receive limit, or a request the daemon would
+//    accept never reaches it;
+//  - a client's receive limit refuses a response the daemon already sent, so
+//    it must be at least the daemon's send limit.
+// The daemon uses --max_request_bytes as both its receive and its send limit;
+// the flag defaults to this constant and may only lower it (daemon/main.cc
+// refuses more). Clients set both of their limits to it. So for any setting,
+// daemon receive <= this = client send, and daemon send <= this = client
+// receive; a request over a lowered daemon limit reaches the daemon, whose
+// error names its limit.
+inline constexpr int kMaxControlMessageBytes = 64 << 20;
+
+}  // namespace ckpt
