@@ -10,7 +10,6 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "common/control_socket.h"
 #include "common/log.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
@@ -107,14 +106,6 @@ int main(int argc, char** argv) {
   options.gpu = absl::GetFlag(FLAGS_gpu);
   options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
   if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
-  // Clients send and receive at most kMaxControlMessageBytes: a larger limit
-  // here would let the daemon send responses every client refuses.
-  if (options.max_request_bytes > static_cast<uint32_t>(ckpt::kMaxControlMessageBytes)) {
-    ckpt::LogError("ckptd: --max_request_bytes ", options.max_request_bytes,
-                   " is above ", ckpt::kMaxControlMessageBytes,
-                   ", the largest message clients send and receive");
-    return 1;
-  }
 
   // SIGTERM/SIGINT are taken synchronously by RunServer.
   sigset_t signals;

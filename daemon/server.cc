@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/control_socket.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/service.h"
@@ -58,6 +59,13 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.checksum_block_bytes == 0) {
     return absl::InvalidArgumentError("--checksum_block_bytes must be > 0");
   }
+  // Clients send and receive at most kMaxControlMessageBytes: a larger limit
+  // here would let the daemon send responses every client refuses.
+  if (o.max_request_bytes > static_cast<uint32_t>(kMaxControlMessageBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_request_bytes ", o.max_request_bytes, " is above ",
+        kMaxControlMessageBytes, ", the largest message clients send and receive"));
+  }
   return absl::OkStatus();
 }
 
@@ -84,7 +92,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
-          absl::StrCat(options.socket, ".session"), options.max_sessions,
+          HandshakeSocketPath(options.socket), options.max_sessions,
           SessionGpu{gpu.get(), absl::Milliseconds(options.gpu_copy_timeout_ms)},
           [s = saves.get()](const std::shared_ptr<Session>& session) {
             s->OnSessionClosed(session);
@@ -116,7 +124,10 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   server->Shutdown();  // waits for in-flight RPCs, loads included
   sessions.reset();
   loader.reset();     // no round is pending once every Load has finished
-  workers.reset();    // finishes queued parts before saves goes away
+  // Finishes the queued tasks (parts, the file removals of failed saves they
+  // post, list/inspect/gc) before `saves` goes away: the coordinator posts
+  // to the workers and its tasks call back into it.
+  workers.reset();
   saves.reset();
   return absl::OkStatus();
 }

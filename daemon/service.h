@@ -1,10 +1,17 @@
 // CkptdService: the gRPC face of the daemon (callback API).
 //
 // Handlers validate, hand work to the SaveCoordinator / Loader and finish
-// through a reactor; none of them waits for storage on a gRPC thread.
-// absl::Status becomes grpc::Status only here (ToGrpcStatus).
+// through a reactor; none of them waits for storage on a gRPC thread:
+// Verify, ListCheckpoints, Inspect and CollectGarbage read or delete
+// directories, so they run on an I/O worker and finish the call from there.
+// (Save's one storage access is a stat for an existing COMMIT, so that a
+// reused name is refused by the call itself.) absl::Status becomes
+// grpc::Status only here (ToGrpcStatus).
 //
-// Ownership: borrows the components, which outlive the server.
+// Ownership: borrows the components, which outlive the server; the I/O
+// workers must outlive every call (the server shuts down first).
+// Thread-safety: handlers run concurrently on gRPC threads; the service
+// holds no state of its own besides the borrowed components.
 #pragma once
 
 #include <string>
@@ -40,9 +47,10 @@ class CkptdService final : public v1::Ckptd::CallbackService {
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
 
-  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
-                                        const v1::OpenSessionRequest* request,
-                                        v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* OpenSession(
+      grpc::CallbackServerContext* context,
+      const v1::OpenSessionRequest* request,
+      v1::OpenSessionResponse* response) override;
   grpc::ServerUnaryReactor* ReleaseRegions(
       grpc::CallbackServerContext* context,
       const v1::ReleaseRegionsRequest* request,

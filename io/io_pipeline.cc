@@ -12,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -31,20 +33,38 @@ std::string Describe(const IoRequest& r) {
 
 IoPipeline::IoPipeline(IoQueue* queue) : queue_(queue) {}
 
-absl::Status IoPipeline::Start(const IoRequest& request) {
+IoPipeline::~IoPipeline() {
+  if (transfers_.empty()) return;
+  // The owner gave up early (an error path): the leases must still not go
+  // back before the kernel is done with their buffers.
+  const absl::Status status = Abort();
+  if (!status.ok()) LogError("IoPipeline: ", status.ToString());
+}
+
+absl::Status IoPipeline::Start(IoRequest request, StagingLease buffer) {
   if (transfers_.contains(request.tag)) {
     return absl::InvalidArgumentError(
         absl::StrCat("IoPipeline: tag ", request.tag, " is already in use"));
   }
-  transfers_.emplace(request.tag, Transfer{request, request});
-  held_.push_back(request.tag);
+  const auto begin = reinterpret_cast<uintptr_t>(buffer.data());
+  const auto at = reinterpret_cast<uintptr_t>(request.buffer);
+  if (!buffer || at < begin || at - begin > buffer.size() ||
+      request.length > buffer.size() - (at - begin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IoPipeline: ", Describe(request), " is not inside its staging buffer"));
+  }
+  request.registered_index = buffer.index();
+  const uint64_t tag = request.tag;
+  transfers_.emplace(tag, Transfer{request, request, std::move(buffer)});
+  held_.push_back(tag);
   absl::Status status = SubmitHeld();
-  if (!status.ok() && !held_.empty() && held_.back() == request.tag) {
-    // The queue refused the batch, so this transfer never reached it: undo
-    // it, so that a failed Start means "not started". Earlier held
-    // transfers stay held and are retried by the next call.
+  if (!status.ok() && !held_.empty() && held_.back() == tag) {
+    // The queue did not take this transfer, so nothing is in flight on its
+    // buffer: undo it (the lease goes back), so that a failed Start means
+    // "not started". Earlier held transfers stay held and are retried by
+    // the next call.
     held_.pop_back();
-    transfers_.erase(request.tag);
+    transfers_.erase(tag);
   }
   return status;
 }
@@ -78,20 +98,27 @@ absl::Status IoPipeline::SubmitHeld() {
   for (size_t i = 0; i < n; ++i) {
     batch_.push_back(transfers_.at(held_[i]).remaining);
   }
-  // On error the queue submitted nothing, so held_ is still accurate.
-  RETURN_IF_ERROR(queue_->Submit(batch_));
-  held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(n));
-  in_flight_ += static_cast<uint32_t>(n);
-  return absl::OkStatus();
+  // On error the queue may still have taken a prefix of the batch: those
+  // are in flight, the rest stay held.
+  size_t submitted = 0;
+  absl::Status status = queue_->Submit(batch_, &submitted);
+  if (submitted > n) {
+    return absl::InternalError(absl::StrCat("IoPipeline: queue reports ",
+                                            submitted, " of ", n,
+                                            " requests submitted"));
+  }
+  held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(submitted));
+  in_flight_ += static_cast<uint32_t>(submitted);
+  return status;
 }
 
 absl::Status IoPipeline::Drain(uint32_t min_completions,
                                std::vector<Finished>* done) {
   completions_.clear();
-  RETURN_IF_ERROR(queue_->Reap(min_completions, &completions_));
-  // A completion the pipeline cannot match is a queue bug; the remaining
-  // completions are still handled so that no transfer is lost over it.
-  absl::Status queue_status;
+  // Completions reaped before a queue error are still handled, so that no
+  // transfer (and no buffer) is lost over it. A completion the pipeline
+  // cannot match is a queue bug, handled alike.
+  absl::Status queue_status = queue_->Reap(min_completions, &completions_);
   for (const IoCompletion& c : completions_) {
     auto it = transfers_.find(c.tag);
     if (it == transfers_.end()) {
@@ -132,11 +159,56 @@ absl::Status IoPipeline::Drain(uint32_t min_completions,
     }
     done->push_back(Finished{.tag = c.tag,
                              .status = std::move(status),
-                             .bytes = t.original.length - t.remaining.length});
+                             .bytes = t.original.length - t.remaining.length,
+                             .buffer = std::move(t.buffer)});
     transfers_.erase(it);
   }
-  RETURN_IF_ERROR(SubmitHeld());
-  return queue_status;
+  RETURN_IF_ERROR(queue_status);
+  return SubmitHeld();
+}
+
+absl::Status IoPipeline::Abort() {
+  // Held transfers never reached the queue: nothing touches their buffers.
+  for (uint64_t tag : held_) transfers_.erase(tag);
+  held_.clear();
+  // A failed Reap may be transient; a queue that keeps failing will never
+  // report the rest, and waiting for it would hang the worker.
+  constexpr int kReapAttempts = 3;
+  absl::Status status;
+  int failures = 0;
+  while (in_flight_ > 0 && failures < kReapAttempts) {
+    completions_.clear();
+    const absl::Status reaped = queue_->Reap(1, &completions_);
+    for (const IoCompletion& c : completions_) {
+      // With the held ones gone, each transfer left has exactly one request
+      // in flight (the rest of a short one is requeued into held_, never
+      // submitted twice): its completion, whatever the result, ends it,
+      // and its lease goes back here.
+      if (transfers_.erase(c.tag) == 0) {
+        status.Update(absl::InternalError(
+            absl::StrCat("IoPipeline: completion for unknown tag ", c.tag)));
+        continue;
+      }
+      --in_flight_;
+    }
+    if (reaped.ok()) {
+      failures = 0;
+    } else {
+      status.Update(reaped);
+      ++failures;
+    }
+  }
+  if (in_flight_ > 0) {
+    for (auto& [tag, t] : transfers_) {
+      LogError("IoPipeline: ", Describe(t.remaining),
+               " may still be in flight after the queue failed (",
+               status.ToString(), "); its buffer stays out of the pool");
+      t.buffer.Withhold();
+    }
+  }
+  transfers_.clear();
+  in_flight_ = 0;
+  return status;
 }
 
 }  // namespace ckpt

@@ -1,4 +1,5 @@
-// IoPipeline: whole transfers on top of an IoQueue.
+// IoPipeline: whole transfers on top of an IoQueue, each on a borrowed
+// staging buffer.
 //
 // Follows liburing's io_uring-cp loop: keep up to depth() transfers in
 // flight; on a short transfer advance buffer and offset and requeue the
@@ -8,9 +9,20 @@
 // reports the bytes transferred so far; a write that returns 0 is an error
 // (no progress).
 //
-// Ownership: borrows the IoQueue, which must outlive the pipeline. Buffers
-// belong to the caller and must stay valid until their transfer finishes.
-// Thread-safety: none; used by the thread that owns the queue.
+// Buffers: a transfer starts with the StagingLease of the buffer it reads
+// into or writes from, and the pipeline keeps that lease until the
+// transfer's last completion has been reaped; only then does it come back
+// out, in Finished::buffer. So a buffer cannot go back to the pool, nor be
+// refilled by its caller, while the kernel may still touch it: not on an
+// error path, not on an early return. Destroying the pipeline (or Abort)
+// waits for every transfer in flight before their leases go; if the queue
+// fails so that a completion can never be reaped, that buffer is withheld
+// from the pool for the process's life (logged) instead of being lent to
+// another save while a transfer may still be running on it.
+//
+// Ownership: borrows the IoQueue, which must outlive the pipeline; owns the
+// leases of its unfinished transfers. Thread-safety: none; used by the
+// thread that owns the queue.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "io/io_queue.h"
+#include "io/staging_pool.h"
 
 namespace ckpt {
 
@@ -28,15 +41,24 @@ class IoPipeline {
   struct Finished {
     uint64_t tag = 0;
     absl::Status status;
-    uint64_t bytes = 0;  // transferred in total
+    uint64_t bytes = 0;   // transferred in total
+    StagingLease buffer;  // the transfer's buffer, the caller's again
   };
 
   explicit IoPipeline(IoQueue* queue);
+  // Abort()s whatever is unfinished: returns only when no transfer of this
+  // pipeline is in flight any more.
+  ~IoPipeline();
+  IoPipeline(const IoPipeline&) = delete;
+  IoPipeline& operator=(const IoPipeline&) = delete;
 
-  // Starts a whole transfer. If the queue is full, it is held back and
+  // Starts a whole transfer. [request.buffer, request.buffer +
+  // request.length) must lie inside `buffer`, whose registered index the
+  // request gets. If the queue is full, the transfer is held back and
   // submitted as earlier transfers complete. `request.tag` must be unique
-  // among unfinished transfers.
-  absl::Status Start(const IoRequest& request);
+  // among unfinished transfers. On error the transfer was not started and
+  // `buffer` goes back to the pool (nothing was in flight on it).
+  absl::Status Start(IoRequest request, StagingLease buffer);
 
   // Waits until at least one transfer has finished (returns at once if none
   // is unfinished) and appends every finished transfer to `done`. The
@@ -47,6 +69,15 @@ class IoPipeline {
   // Like WaitSome but never blocks.
   absl::Status Poll(std::vector<Finished>* done);
 
+  // Ends every unfinished transfer, for a caller that gives up after an
+  // error: those held back are dropped unstarted, those in flight are waited
+  // for and their results discarded, and every lease goes back to the pool.
+  // A Reap that fails is retried a few times; if the queue still fails, the
+  // buffers of transfers still in flight are withheld (see above). Returns
+  // the first error the queue reported while waiting, even if a retry then
+  // reaped everything.
+  absl::Status Abort();
+
   // Transfers started and not yet returned by WaitSome/Poll.
   size_t unfinished() const { return transfers_.size(); }
 
@@ -54,6 +85,7 @@ class IoPipeline {
   struct Transfer {
     IoRequest original;
     IoRequest remaining;  // what still has to be transferred
+    StagingLease buffer;  // held until the last completion is reaped
   };
 
   absl::Status SubmitHeld();

@@ -14,12 +14,13 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace ckpt {
@@ -52,12 +53,18 @@ class IoQueue {
   // Most requests that may be in flight at once.
   virtual uint32_t depth() const = 0;
 
-  // Submits `requests`; the caller keeps in-flight count <= depth(). An error
-  // here means nothing of this batch was submitted.
-  virtual absl::Status Submit(absl::Span<const IoRequest> requests) = 0;
+  // Submits `requests` in order; the caller keeps in-flight count <=
+  // depth(). Sets `*submitted` to how many of them (a prefix) reached the
+  // queue, on error too: those are in flight, their buffers still in use,
+  // and Reap reports them; the rest were not submitted. (A ring can take
+  // part of a batch and then fail, and a caller that believed "error means
+  // nothing started" would reuse buffers the kernel still writes.)
+  virtual absl::Status Submit(absl::Span<const IoRequest> requests,
+                              size_t* submitted) = 0;
 
   // Appends completions to `out`, waiting until at least `min_completions`
-  // are available (0: only what is ready now).
+  // are available (0: only what is ready now). Completions appended before
+  // an error are real and must still be handled.
   virtual absl::Status Reap(uint32_t min_completions,
                             std::vector<IoCompletion>* out) = 0;
 };

@@ -1,3 +1,6 @@
+// IoWorkers: N threads, each with its own queue, taking whole-file tasks
+// from one FIFO (the DeepSpeed aio design: a ring per worker, no sharing of
+// queues between threads).
 #include "io/io_workers.h"
 
 #include <sys/resource.h>
@@ -5,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/log.h"
 
@@ -14,11 +18,20 @@ constexpr int kWorkerNice = 5;
 }  // namespace
 
 IoWorkers::IoWorkers(uint32_t workers, uint32_t queue_depth,
-                     const StagingPool& pool) {
+                     const StagingPool& pool, QueueFactory make_queue) {
   for (uint32_t i = 0; i < workers; ++i) {
-    queues_.push_back(CreateBestIoQueue(queue_depth, pool.iovecs()));
+    std::unique_ptr<IoQueue> queue = make_queue(queue_depth, pool.iovecs());
+    if (queue == nullptr) {
+      // A broken factory is a bug of its caller; a worker without a queue
+      // would crash on its first task, so it gets the queue that cannot
+      // fail instead, and the log says so.
+      LogError("I/O queue factory returned no queue for worker ", i,
+               "; using the pwrite queue");
+      queue = CreatePwriteQueue(queue_depth);
+    }
+    queues_.push_back(std::move(queue));
   }
-  backend_ = std::string(queues_.front()->name());
+  backend_ = queues_.empty() ? "none" : std::string(queues_.front()->name());
   for (auto& queue : queues_) {
     threads_.emplace_back([this, q = queue.get()] { Run(q); });
   }
@@ -26,19 +39,15 @@ IoWorkers::IoWorkers(uint32_t workers, uint32_t queue_depth,
 
 IoWorkers::~IoWorkers() {
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  ready_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
 void IoWorkers::Post(Task task) {
-  {
-    std::lock_guard lock(mu_);
-    tasks_.push_back(std::move(task));
-  }
-  ready_.notify_one();
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
 }
 
 void IoWorkers::Run(IoQueue* queue) {
@@ -50,8 +59,9 @@ void IoWorkers::Run(IoQueue* queue) {
   while (true) {
     Task task;
     {
-      std::unique_lock lock(mu_);
-      ready_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &IoWorkers::HasTaskOrStopping));
+      // Queued tasks are finished before stopping.
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -33,7 +34,9 @@ class PwriteIoQueue final : public IoQueue {
   absl::string_view name() const override { return "pwrite"; }
   uint32_t depth() const override { return depth_; }
 
-  absl::Status Submit(absl::Span<const IoRequest> requests) override {
+  absl::Status Submit(absl::Span<const IoRequest> requests,
+                      size_t* submitted) override {
+    *submitted = 0;
     // Same contract as the ring: a caller exceeding the depth has a
     // bookkeeping bug that the ring would turn into a full SQ.
     if (done_.size() + requests.size() > depth_) {
@@ -51,6 +54,7 @@ class PwriteIoQueue final : public IoQueue {
       done_.push_back(IoCompletion{
           .tag = r.tag, .result = n < 0 ? -errno : static_cast<int32_t>(n)});
     }
+    *submitted = requests.size();
     return absl::OkStatus();
   }
 

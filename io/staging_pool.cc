@@ -1,8 +1,11 @@
+// StagingPool: one mapping cut into buffers, a free list under a mutex, and
+// the leases that are the only way to hold a buffer.
 #include "io/staging_pool.h"
 
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -56,35 +59,101 @@ StagingPool::StagingPool(char* base, uint64_t mapped_bytes,
   }
 }
 
-StagingPool::~StagingPool() { munmap(base_, mapped_bytes_); }
-
-StagingBuffer StagingPool::Acquire() {
-  std::unique_lock lock(mu_);
-  freed_.wait(lock, [&] { return !free_.empty(); });
-  const int index = free_.back();
-  free_.pop_back();
-  return {static_cast<char*>(iovecs_[index].iov_base), buffer_bytes_, index};
-}
-
-StagingBuffer StagingPool::TryAcquire() {
-  std::lock_guard lock(mu_);
-  if (free_.empty()) return {};
-  const int index = free_.back();
-  free_.pop_back();
-  return {static_cast<char*>(iovecs_[index].iov_base), buffer_bytes_, index};
-}
-
-void StagingPool::Release(const StagingBuffer& buffer) {
+StagingPool::~StagingPool() {
   {
-    std::lock_guard lock(mu_);
-    free_.push_back(buffer.index);
+    absl::MutexLock lock(&mu_);
+    const size_t lent = iovecs_.size() - free_.size() - withheld_;
+    // A lease that outlives its pool would point into unmapped memory: say
+    // so, since the crash that follows would not.
+    if (lent > 0) LogError("staging pool destroyed with ", lent, " buffers still lent");
   }
-  freed_.notify_one();
+  if (munmap(base_, mapped_bytes_) != 0) {
+    LogError(ErrnoToStatus(errno, "munmap staging pool").ToString());
+  }
+}
+
+StagingLease StagingPool::TakeFreeBuffer() {
+  const int index = free_.back();
+  free_.pop_back();
+  return StagingLease(this, static_cast<char*>(iovecs_[index].iov_base),
+                      buffer_bytes_, index);
+}
+
+StagingLease StagingPool::Acquire() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &StagingPool::HasFreeBuffer));
+  return TakeFreeBuffer();
+}
+
+StagingLease StagingPool::TryAcquire() {
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) return {};
+  return TakeFreeBuffer();
+}
+
+void StagingPool::Return(int index) {
+  absl::MutexLock lock(&mu_);
+  if (return_observer_) return_observer_(index);
+  // Acquire's Await re-evaluates its condition on unlock: no notify needed.
+  free_.push_back(index);
+}
+
+void StagingPool::Withhold(int index) {
+  uint32_t withheld;
+  {
+    absl::MutexLock lock(&mu_);
+    withheld = ++withheld_;
+  }
+  LogError("staging buffer ", index, " withheld from the pool for good (",
+           withheld, " so far)");
 }
 
 uint64_t StagingPool::free_bytes() const {
-  std::lock_guard lock(mu_);
+  absl::MutexLock lock(&mu_);
   return uint64_t{buffer_bytes_} * free_.size();
+}
+
+uint32_t StagingPool::withheld_buffers() const {
+  absl::MutexLock lock(&mu_);
+  return withheld_;
+}
+
+void StagingPool::SetReturnObserver(std::function<void(int index)> observer) {
+  absl::MutexLock lock(&mu_);
+  return_observer_ = std::move(observer);
+}
+
+StagingLease::StagingLease(StagingLease&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      index_(std::exchange(other.index_, -1)) {}
+
+StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    index_ = std::exchange(other.index_, -1);
+  }
+  return *this;
+}
+
+void StagingLease::Reset() {
+  if (pool_ == nullptr) return;
+  std::exchange(pool_, nullptr)->Return(index_);
+  data_ = nullptr;
+  size_ = 0;
+  index_ = -1;
+}
+
+void StagingLease::Withhold() {
+  if (pool_ == nullptr) return;
+  std::exchange(pool_, nullptr)->Withhold(index_);
+  data_ = nullptr;
+  size_ = 0;
+  index_ = -1;
 }
 
 }  // namespace ckpt

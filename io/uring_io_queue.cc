@@ -7,6 +7,7 @@
 #include <liburing.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -59,7 +60,9 @@ class Ring {
 //
 // Failure model: once io_uring_submit has failed, SQEs may be left in the
 // submission ring where a later submit would send them, so the queue stops
-// accepting work and every later call returns the same error ("poisoned").
+// accepting work: every later Submit returns the same error ("poisoned").
+// Reap keeps working (it never submits), so the requests the kernel did take
+// are still waited for before their buffers are reused.
 class UringIoQueue final : public IoQueue {
  public:
   UringIoQueue(std::unique_ptr<Ring> ring, uint32_t depth,
@@ -73,7 +76,9 @@ class UringIoQueue final : public IoQueue {
   }
   uint32_t depth() const override { return depth_; }
 
-  absl::Status Submit(absl::Span<const IoRequest> requests) override {
+  absl::Status Submit(absl::Span<const IoRequest> requests,
+                      size_t* submitted_out) override {
+    *submitted_out = 0;
     RETURN_IF_ERROR(poisoned_);
     RETURN_IF_ERROR(Validate(requests));
     io_uring* ring = ring_->get();
@@ -101,7 +106,7 @@ class UringIoQueue final : public IoQueue {
     }
     // The kernel may take fewer SQEs than offered (e.g. a transient
     // allocation failure); the rest stay in the ring and go with the next
-    // io_uring_submit.
+    // io_uring_submit. It takes them in order, so what it took is a prefix.
     size_t submitted = 0;
     while (submitted < requests.size()) {
       const int ret = io_uring_submit(ring);
@@ -110,17 +115,17 @@ class UringIoQueue final : public IoQueue {
         poisoned_ = ret < 0 ? ErrnoToStatus(-ret, "io_uring_submit")
                             : absl::InternalError(
                                   "io_uring_submit: kernel took no entries");
-        return poisoned_;
+        break;
       }
       submitted += static_cast<size_t>(ret);
     }
-    in_flight_ += static_cast<uint32_t>(requests.size());
-    return absl::OkStatus();
+    in_flight_ += static_cast<uint32_t>(submitted);
+    *submitted_out = submitted;
+    return poisoned_;
   }
 
   absl::Status Reap(uint32_t min_completions,
                     std::vector<IoCompletion>* out) override {
-    RETURN_IF_ERROR(poisoned_);
     if (min_completions > in_flight_) {
       // Waiting would never return.
       return absl::FailedPreconditionError(

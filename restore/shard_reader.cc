@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -38,12 +39,14 @@ Span Widen(const ItemRead& item, uint64_t block) {
 // Spans to copy out of one slice, batched per destination.
 using Outbox = std::map<MemorySource*, std::vector<CopySpan>>;
 
+// A window submitted for reading. Its buffer's lease is with the pipeline
+// while the read is in flight and comes back here when the read is done.
 struct Window {
   uint64_t offset = 0;  // aligned file offset
   uint64_t length = 0;
-  StagingBuffer buffer;
   bool done = false;
   uint64_t bytes = 0;   // read (less than length at end of file)
+  StagingLease buffer;  // set once done
 };
 
 // Bytes of a window are handled in slices this small, so that each slice is
@@ -265,76 +268,74 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", req.path));
 
+  // Declared after fd, so that on every return the pipeline has waited for
+  // its reads in flight (and let their buffers go) before the fd closes.
   IoPipeline pipeline(queue_);
   std::deque<Window> windows;  // submitted, in file order
   size_t seg = 0;
   uint64_t next_offset = segments[0].begin;
   WindowConsumer consumer(req);
   uint64_t bytes_read = 0;
-  absl::Status error;
   std::vector<IoPipeline::Finished> finished;
   const uint64_t max_in_flight = std::max<uint64_t>(1, queue_->depth());
 
   auto submit_more = [&]() -> absl::Status {
     while (seg < segments.size() && windows.size() < max_in_flight) {
-      StagingBuffer buffer =
+      // With nothing of its own in flight the reader may wait for a buffer;
+      // otherwise it must not, or it could wait for itself.
+      StagingLease buffer =
           windows.empty() ? pool_->Acquire() : pool_->TryAcquire();
-      if (buffer.data == nullptr) break;
+      if (!buffer) break;
       Window w;
       w.offset = next_offset;
-      w.length = std::min<uint64_t>(buffer.size, segments[seg].end - next_offset);
-      w.buffer = buffer;
-      next_offset += w.length;
-      if (next_offset == segments[seg].end && ++seg < segments.size()) {
-        next_offset = segments[seg].begin;
-      }
+      w.length = std::min<uint64_t>(buffer.size(), segments[seg].end - next_offset);
       IoRequest read;
       read.kind = IoRequest::Kind::kRead;
       read.fd = fd.get();
-      read.buffer = buffer.data;
+      read.buffer = buffer.data();
       read.length = static_cast<uint32_t>(w.length);
       read.offset = w.offset;
-      read.registered_index = buffer.index;
       read.tag = w.offset;
-      windows.push_back(w);
-      absl::Status started = pipeline.Start(read);
-      if (!started.ok()) {
-        pool_->Release(buffer);
-        windows.pop_back();
-        return started;
+      RETURN_IF_ERROR(Annotate(pipeline.Start(read, std::move(buffer)), req.path));
+      windows.push_back(std::move(w));
+      next_offset += windows.back().length;
+      if (next_offset == segments[seg].end && ++seg < segments.size()) {
+        next_offset = segments[seg].begin;
       }
     }
     return absl::OkStatus();
   };
 
-  error = submit_more();
+  absl::Status error = submit_more();
   while (error.ok() && !windows.empty()) {
     finished.clear();
-    RETURN_IF_ERROR(pipeline.WaitSome(&finished));
-    for (const auto& f : finished) {
+    error = Annotate(pipeline.WaitSome(&finished), req.path);
+    // Reads finished before a queue error are still taken back.
+    for (IoPipeline::Finished& f : finished) {
       for (Window& w : windows) {
         if (w.offset != f.tag) continue;
         w.done = true;
         w.bytes = f.bytes;
+        w.buffer = std::move(f.buffer);
         if (!f.status.ok() && error.ok()) error = Annotate(f.status, req.path);
       }
       bytes_read += f.bytes;
     }
     while (error.ok() && !windows.empty() && windows.front().done) {
       const Window& w = windows.front();
-      error = consumer.Consume(w.buffer.data, w.offset, w.length, w.bytes);
-      pool_->Release(windows.front().buffer);
-      windows.pop_front();
+      error = consumer.Consume(w.buffer.data(), w.offset, w.length, w.bytes);
+      windows.pop_front();  // its buffer goes back to the pool
     }
     if (error.ok()) error = submit_more();
   }
-  // Every read must finish before its buffer goes back to the pool.
-  while (pipeline.unfinished() > 0) {
-    finished.clear();
-    RETURN_IF_ERROR(pipeline.WaitSome(&finished));
+  if (!error.ok()) {
+    // Reads still in flight must end before their buffers go back; their
+    // bytes are no longer needed. A queue failure while waiting is logged by
+    // the pipeline with the buffers it had to withhold; the first error is
+    // the one to report.
+    error.Update(pipeline.Abort());
+    return error;
   }
-  for (const Window& w : windows) pool_->Release(w.buffer);
-  RETURN_IF_ERROR(error);
   RETURN_IF_ERROR(consumer.Finish());
   return bytes_read;
 }

@@ -15,6 +15,11 @@
 // core's cache, so the bytes cross memory once. A mismatch fails the whole
 // read with DataLoss naming file, item and byte range.
 //
+// Staging buffers: every window borrows one; it stays with the IoPipeline
+// while its read is in flight, so when Read returns, on any path, every
+// buffer is back in the pool and none went back early (a queue that fails
+// for good keeps the buffers of its lost reads out of the pool instead).
+//
 // Ownership: borrows everything passed to Read. Thread-safety: one call at a
 // time per object.
 #pragma once

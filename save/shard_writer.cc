@@ -1,3 +1,5 @@
+// ShardWriter: staged windows in leased buffers, finished in file order into
+// the IoPipeline; then trim and fsync through FileOps.
 #include "save/shard_writer.h"
 
 #include <fcntl.h>
@@ -7,6 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -24,38 +29,107 @@ uint64_t AlignUp(uint64_t n) {
   return (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
 }
 
-// Buffers handed to the pipeline, by tag, until their write finishes.
-class InFlightBuffers {
+// Chunk bytes of one entry inside a staged window.
+struct Piece {
+  size_t entry;
+  char* data;
+  uint64_t length;
+};
+
+// A window whose copies are enqueued, not yet hashed and written.
+struct StagedWindow {
+  uint64_t offset = 0, end = 0;
+  StagingLease buffer;
+  uint64_t ticket = 0;
+  std::vector<Piece> pieces;
+};
+
+// The staged windows of one file, oldest first, with their buffers. A staged
+// buffer may still be the target of copies in flight (a GPU's D2H copies),
+// so whenever windows are left after an error, Discard (also run by the
+// destructor, so that no return path can skip it) first waits for
+// everything the batch enqueued. If that cannot be made sure (a copy past
+// its timeout), the buffers stay out of the pool for good rather than be
+// lent to another save while a copy engine may still write them.
+//
+// Ownership: owns the windows and their leases; borrows the batch and the
+// path, which must outlive it. Thread-safety: none.
+class StagedWindows {
  public:
-  explicit InFlightBuffers(StagingPool* pool) : pool_(pool) {}
-  ~InFlightBuffers() {
-    for (auto& [tag, buffer] : buffers_) pool_->Release(buffer);
+  StagedWindows(CopyOutBatch* batch, const std::string& path)
+      : batch_(batch), path_(path) {}
+  ~StagedWindows() { Discard(); }
+  StagedWindows(const StagedWindows&) = delete;
+  StagedWindows& operator=(const StagedWindows&) = delete;
+
+  bool empty() const { return windows_.empty(); }
+  StagedWindow& front() { return windows_.front(); }
+  StagedWindow& back() { return windows_.back(); }
+  void push_back(StagedWindow window) { windows_.push_back(std::move(window)); }
+  StagedWindow pop_front() {
+    StagedWindow window = std::move(windows_.front());
+    windows_.pop_front();
+    return window;
   }
-  void Add(uint64_t tag, StagingBuffer buffer) { buffers_.emplace_back(tag, buffer); }
-  void Release(uint64_t tag) {
-    auto it = std::find_if(buffers_.begin(), buffers_.end(),
-                           [&](const auto& e) { return e.first == tag; });
-    if (it == buffers_.end()) return;
-    pool_->Release(it->second);
-    buffers_.erase(it);
+
+  void Discard() {
+    if (windows_.empty()) return;
+    // Everything the batch enqueued, including a window whose enqueue
+    // failed half-way.
+    const absl::Status drained = batch_->Drain();
+    if (!drained.ok()) {
+      LogError("staging buffers of ", path_,
+               " withheld from the pool: their copies did not end (",
+               drained.ToString(), ")");
+      for (StagedWindow& w : windows_) w.buffer.Withhold();
+    }
+    windows_.clear();  // the buffers not withheld go back to the pool
   }
 
  private:
-  StagingPool* const pool_;
-  std::deque<std::pair<uint64_t, StagingBuffer>> buffers_;
+  CopyOutBatch* const batch_;
+  const std::string& path_;
+  std::deque<StagedWindow> windows_;
 };
+
+// A failed write leaves no data file behind. Removing it is best effort: the
+// save has failed already, and an uncommitted directory is removed whole
+// later; a failure is logged so the leftover can be explained.
+void RemovePartialFile(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    LogWarning(ErrnoToStatus(errno, absl::StrCat("remove partial ", path)).ToString());
+  }
+}
 
 }  // namespace
 
 absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     const ShardWriteRequest& req) {
-  const SafetensorsLayout& layout = *req.layout;
-  const size_t n_entries = req.remote.size();
   UniqueFd fd(::open(req.path.c_str(),
                      O_WRONLY | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644));
   if (!fd.valid()) {
+    // Nothing of ours to remove (EEXIST: someone else's file).
     return ErrnoToStatus(errno, absl::StrCat("create ", req.path, " (O_DIRECT)"));
   }
+  absl::StatusOr<ShardWriteResult> result = WriteWindows(req, fd.get());
+  if (result.ok()) {
+    // Trim the O_DIRECT padding so the file size is exact, then make it
+    // durable. WriteWindows returned after the last write's completion, so
+    // the fsync covers every write.
+    absl::Status durable =
+        file_ops_.Truncate(fd.get(), req.layout->file_size, req.path);
+    if (durable.ok()) durable = file_ops_.Fsync(fd.get(), req.path);
+    if (durable.ok()) return result;
+    result = durable;
+  }
+  RemovePartialFile(req.path);
+  return result;
+}
+
+absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
+    const ShardWriteRequest& req, int fd) {
+  const SafetensorsLayout& layout = *req.layout;
+  const size_t n_entries = req.remote.size();
   std::unique_ptr<CopyOutBatch> own_batch;
   CopyOutBatch* batch = req.batch;
   if (batch == nullptr) {
@@ -63,26 +137,30 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     batch = own_batch.get();
   }
 
+  // Declared after the batch, so destroyed before it: on every return the
+  // staged windows' copies and the pipeline's writes have ended before any
+  // of their buffers goes back to the pool.
   IoPipeline pipeline(queue_);
-  InFlightBuffers in_flight(pool_);
+  StagedWindows staged(batch, req.path);
   ShardWriteProgress progress;
   absl::Status first_error;
   std::vector<IoPipeline::Finished> finished;
 
-  // Reaps finished writes: frees their buffers, counts bytes, keeps the first
-  // error. `block` waits for at least one.
+  // Reaps finished writes: their buffers go back to the pool, their bytes
+  // are counted, the first failed write is kept in first_error. `block`
+  // waits for at least one. Returns the queue's own error, if any.
   auto reap = [&](bool block) -> absl::Status {
     finished.clear();
-    RETURN_IF_ERROR(block ? pipeline.WaitSome(&finished) : pipeline.Poll(&finished));
-    for (const auto& f : finished) {
-      in_flight.Release(f.tag);
-      if (!f.status.ok() && first_error.ok()) {
-        first_error = Annotate(f.status, req.path);
-      }
+    const absl::Status queue_status =
+        block ? pipeline.WaitSome(&finished) : pipeline.Poll(&finished);
+    for (const IoPipeline::Finished& f : finished) {
+      if (!f.status.ok()) first_error.Update(Annotate(f.status, req.path));
       progress.bytes_written += f.bytes;
     }
-    if (!finished.empty() && req.on_progress) req.on_progress(progress);
-    return absl::OkStatus();
+    const bool any = !finished.empty();
+    finished.clear();  // the written buffers go back to the pool
+    if (any && req.on_progress) req.on_progress(progress);
+    return Annotate(queue_status, req.path);
   };
 
   ShardWriteResult result;
@@ -93,26 +171,15 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
   size_t stage_entry = 0;  // first entry not yet completely staged
   const uint64_t window_bytes = pool_->buffer_bytes();
 
-  // Windows whose copies are enqueued, not yet hashed and written.
-  struct Piece { size_t entry; char* data; uint64_t length; };
-  struct StagedWindow {
-    uint64_t offset = 0, end = 0;
-    StagingBuffer buffer;
-    uint64_t ticket = 0;
-    std::vector<Piece> pieces;
-  };
-  std::deque<StagedWindow> staged;
-
   // Enqueues the copies of window [offset, end) into `buffer`.
-  auto stage = [&](uint64_t offset, StagingBuffer buffer) -> absl::Status {
+  auto stage = [&](uint64_t offset, StagingLease buffer) -> absl::Status {
     StagedWindow w;
     w.offset = offset;
     w.end = std::min(offset + window_bytes, layout.file_size);
-    w.buffer = buffer;
     // The safetensors header occupies the file's first data_start bytes.
     if (offset < layout.data_start) {
       const uint64_t n = std::min(w.end, layout.data_start) - offset;
-      std::memcpy(buffer.data, layout.header.data() + offset, n);
+      std::memcpy(buffer.data(), layout.header.data() + offset, n);
     }
     // Chunk bytes that fall in this window, in file order.
     std::vector<CopySpan> spans;
@@ -128,11 +195,12 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
       const uint64_t from = std::max(begin, offset);
       const uint64_t to = std::min(end, w.end);
       if (from >= to) continue;
-      char* local = buffer.data + (from - offset);
+      char* local = buffer.data() + (from - offset);
       spans.push_back({req.remote[e] + (from - begin), local, to - from});
       w.pieces.push_back({e, local, to - from});
     }
-    // Owned by `staged` from here, so every exit path waits for it.
+    w.buffer = std::move(buffer);
+    // Owned by `staged` from here, so every exit path waits for its copies.
     staged.push_back(std::move(w));
     absl::StatusOr<uint64_t> ticket = batch->Enqueue(spans);
     if (!ticket.ok()) return Annotate(ticket.status(), absl::StrCat("stage ", req.path));
@@ -141,13 +209,11 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
   };
 
   // Hashes the oldest staged window once its copies are done and starts its
-  // write.
+  // write; its buffer then belongs to the pipeline until the write is over.
   auto finish = [&]() -> absl::Status {
-    StagedWindow& w = staged.front();
-    RETURN_IF_ERROR(Annotate(batch->Wait(w.ticket), absl::StrCat("stage ", req.path)));
-    StagedWindow done = std::move(w);
-    staged.pop_front();
-    in_flight.Add(done.offset, done.buffer);
+    RETURN_IF_ERROR(
+        Annotate(batch->Wait(staged.front().ticket), absl::StrCat("stage ", req.path)));
+    StagedWindow done = staged.pop_front();
     // Hash in file order; an entry is finished when its last byte is here.
     for (const Piece& p : done.pieces) {
       while (entry < p.entry) result.block_xxh3[entry++] = hasher.Finish();
@@ -160,27 +226,22 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     }
     const uint64_t filled = done.end - done.offset;
     if (req.capture != nullptr) {
-      std::memcpy(req.capture + done.offset, done.buffer.data, filled);
+      std::memcpy(req.capture + done.offset, done.buffer.data(), filled);
     }
     const uint64_t padded = AlignUp(filled);
-    std::memset(done.buffer.data + filled, 0, padded - filled);
+    std::memset(done.buffer.data() + filled, 0, padded - filled);
     progress.bytes_staged += filled;
     if (req.on_progress) req.on_progress(progress);
 
     if (req.limiter != nullptr) req.limiter->Acquire(padded);
     IoRequest write;
     write.kind = IoRequest::Kind::kWrite;
-    write.fd = fd.get();
-    write.buffer = done.buffer.data;
+    write.fd = fd;
+    write.buffer = done.buffer.data();
     write.length = static_cast<uint32_t>(padded);
     write.offset = done.offset;
-    write.registered_index = done.buffer.index;
     write.tag = done.offset;
-    absl::Status started = pipeline.Start(write);
-    if (!started.ok()) {
-      in_flight.Release(done.offset);
-      return started;
-    }
+    RETURN_IF_ERROR(Annotate(pipeline.Start(write, std::move(done.buffer)), req.path));
     return reap(false);
   };
 
@@ -198,8 +259,11 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
       first_error = absl::CancelledError("save cancelled");
       break;
     }
-    StagingBuffer buffer = pool_->TryAcquire();
-    if (buffer.data == nullptr) {
+    StagingLease buffer = pool_->TryAcquire();
+    if (!buffer) {
+      // Back-pressure: finish the oldest staged window, or reap our own
+      // writes (each frees a buffer); with nothing of our own under way,
+      // wait for another file's buffer.
       absl::Status s;
       if (!staged.empty()) {
         s = finish();
@@ -209,13 +273,13 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
         buffer = pool_->Acquire();
       }
       if (!s.ok()) {
-        first_error = s;
+        first_error.Update(s);
         break;
       }
-      if (buffer.data == nullptr) continue;
+      if (!buffer) continue;
     }
-    absl::Status s = stage(next, buffer);
-    next = staged.back().end;
+    absl::Status s = stage(next, std::move(buffer));
+    next = std::min(next + window_bytes, layout.file_size);
     if (s.ok() && next == layout.file_size) {
       if (req.last_file_of_batch) s = batch->AllEnqueued();
       if (s.ok() && req.on_enqueued) req.on_enqueued();
@@ -233,7 +297,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
         while (s.ok() && !staged.empty()) s = finish();
       }
     }
-    if (!s.ok()) first_error = s;
+    first_error.Update(s);
   }
   // Every copy is complete once the last window's is: that is STAGED.
   if (first_error.ok() && !staged.empty()) {
@@ -241,40 +305,18 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
                            absl::StrCat("stage ", req.path));
   }
   if (first_error.ok()) report_staged();
-  while (first_error.ok() && !staged.empty()) first_error = finish();
-
-  // On an error, windows still staged may have copies in flight into their
-  // buffers: a buffer goes back to the pool only once they are done. One
-  // whose copies never end (a GPU copy past its timeout) is kept out of the
-  // pool for good rather than handed to another save while a copy engine
-  // may still write it.
-  if (!staged.empty()) {
-    // Everything the batch enqueued, including a window whose enqueue failed
-    // half-way.
-    absl::Status waited = batch->Drain();
-    for (StagedWindow& w : staged) {
-      if (waited.ok()) {
-        pool_->Release(w.buffer);
-      } else {
-        LogError("staging buffer ", w.buffer.index,
-                 " withheld from the pool: its copy did not end (",
-                 waited.ToString(), ")");
-      }
-    }
-    staged.clear();
+  while (first_error.ok() && !staged.empty()) first_error.Update(finish());
+  while (first_error.ok() && pipeline.unfinished() > 0) {
+    first_error.Update(reap(true));
   }
-  while (pipeline.unfinished() > 0) RETURN_IF_ERROR(reap(true));
   if (!first_error.ok()) {
-    ::unlink(req.path.c_str());  // never leave a partial data file behind
+    // Explicit here for the reader; the destructors would do the same.
+    // Staged buffers wait for their copies, written ones for their writes;
+    // a queue that fails while waiting is logged by the pipeline with the
+    // buffers it withholds, and first_error stays the error to report.
+    staged.Discard();
+    first_error.Update(pipeline.Abort());
     return first_error;
-  }
-  // Trim the O_DIRECT padding so the file size is exact, then make it
-  // durable.
-  if (::ftruncate(fd.get(), static_cast<off_t>(layout.file_size)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("ftruncate ", req.path));
-  }
-  if (::fsync(fd.get()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("fsync ", req.path));
   }
   return result;
 }

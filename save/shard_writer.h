@@ -18,10 +18,20 @@
 // of a state larger than the pool wait for the disk.
 // The last window is zero-padded to 4096 for O_DIRECT; once every write has
 // completed the file is truncated to its exact size and fsynced (an fsync is
-// not ordered after writes still in flight, so it must come after them).
+// not ordered after writes still in flight, so it must come after them),
+// both through FileOps, the seam that lets tests fail either step. Any error
+// removes the file: a failed Write leaves no data file behind.
 //
-// Ownership: borrows everything passed to Write. Thread-safety: one call at a
-// time per object; objects are independent.
+// Staging buffers are StagingLeases: a staged window holds its lease until
+// its copies are done, then the IoPipeline holds it until its write's
+// completion is reaped. On every return, each buffer is back in the pool and
+// none went back while a copy or a write on it was in flight; one whose
+// copy or write can never be seen to end is kept out of the pool for good
+// (logged) rather than lent to another save.
+//
+// Ownership: borrows the pool, the queue, the file operations and everything
+// passed to Write. Thread-safety: one call at a time per object; objects are
+// independent.
 #pragma once
 
 #include <atomic>
@@ -36,6 +46,7 @@
 #include "io/rate_limiter.h"
 #include "io/staging_pool.h"
 #include "session/memory_source.h"
+#include "storage/durable_file.h"
 
 namespace ckpt {
 
@@ -77,12 +88,20 @@ struct ShardWriteResult {
 
 class ShardWriter {
  public:
-  ShardWriter(StagingPool* pool, IoQueue* queue) : pool_(pool), queue_(queue) {}
+  ShardWriter(StagingPool* pool, IoQueue* queue,
+              FileOps& file_ops = DefaultFileOps())
+      : pool_(pool), queue_(queue), file_ops_(file_ops) {}
   absl::StatusOr<ShardWriteResult> Write(const ShardWriteRequest& request);
 
  private:
+  // Stages, hashes and writes every window into `fd`; returns once no copy
+  // and no write of the file is in flight, on every path.
+  absl::StatusOr<ShardWriteResult> WriteWindows(const ShardWriteRequest& request,
+                                                int fd);
+
   StagingPool* const pool_;
   IoQueue* const queue_;
+  FileOps& file_ops_;
 };
 
 }  // namespace ckpt

@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+# The lock annotations are checked by a second, clang build (gcc ignores them).
+scripts/check-thread-safety.sh
 # The format tests read checkpoints with the project venv's packages, stock
 # PyTorch included (installed here, not by the setup: the demo needs none).
 if [ ! -x .venv/bin/python ]; then

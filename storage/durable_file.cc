@@ -42,6 +42,13 @@ absl::Status FileOps::Fsync(int fd, const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status FileOps::Truncate(int fd, uint64_t size, const std::string& path) {
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("ftruncate ", path, " to ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FileOps::Rename(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("rename ", from, " to ", to));

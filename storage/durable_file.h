@@ -14,9 +14,14 @@
 // test fails each step on purpose and checks the Status that comes back and
 // that the old content of `name` is intact.
 //
+// FileOps is also the seam of the data files' last steps (ftruncate to the
+// exact size, fsync: save/shard_writer.cc). Their bulk writes go through
+// io/'s IoQueue instead, which sits below storage/ and has its own seam.
+//
 // Thread-safety: the functions are; FileOps implementations must be.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,6 +38,8 @@ class FileOps {
   virtual absl::Status WriteAll(int fd, absl::string_view bytes,
                                 const std::string& path);
   virtual absl::Status Fsync(int fd, const std::string& path);
+  // Sets the size of the open file `fd` (named `path` in errors).
+  virtual absl::Status Truncate(int fd, uint64_t size, const std::string& path);
   virtual absl::Status Rename(const std::string& from, const std::string& to);
   virtual absl::Status FsyncDir(const std::string& dir);
 };

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "client/ckpt_client.h"
 #include "integration/daemon_fixture.h"
 
 namespace ckpt::testing {
@@ -31,6 +32,29 @@ ProcessResult Loadgen(const Cluster& cluster, const std::string& job,
       std::to_string(s.bytes_per_rank)};
   args.insert(args.end(), extra.begin(), extra.end());
   return RunProcess(args);
+}
+
+// Rank `node` of a job of two ranks, alone on node `node` of `cluster`.
+std::unique_ptr<Client> ConnectRank(Cluster& cluster, uint32_t node) {
+  auto client = Client::Connect({.socket = cluster.node(node).socket(),
+                                 .job = "job",
+                                 .rank = node,
+                                 .world_size = 2,
+                                 .node = node,
+                                 .local_world_size = 1});
+  REQUIRE(client.ok());
+  return *std::move(client);
+}
+
+// A save of checkpoint `name` holding only a byte item of this rank.
+v1::SaveRequest ByteSave(const std::string& name, uint32_t rank) {
+  v1::SaveRequest request;
+  request.set_job("job");
+  request.set_checkpoint(name);
+  v1::ByteItem* item = request.add_byte_items();
+  item->set_fqn("trainer.state.rank" + std::to_string(rank));
+  item->set_data(std::string(4096, static_cast<char>('a' + rank)));
+  return request;
 }
 
 }  // namespace
@@ -94,7 +118,7 @@ TEST_CASE("no node writes more than 1.10x its ideal share of a Llama-style "
 }
 
 TEST_CASE("a node killed mid-save leaves the checkpoint uncommitted and the "
-          "previous one intact; gc removes the leftover once a newer one commits",
+          "previous one intact, and gc removes the leftover once a newer one commits",
           "[integration][multi-node][crash]") {
   // Node 3 writes slowly, so it is mid-save when it is killed; the others
   // give up waiting for it after two seconds.
@@ -144,6 +168,45 @@ TEST_CASE("a node killed mid-save leaves the checkpoint uncommitted and the "
   CHECK_FALSE(std::filesystem::exists(dir2));
   CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000001/COMMIT"));
   CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000003/COMMIT"));
+}
+
+TEST_CASE("a node whose manifest is written refuses a cancel of the checkpoint, "
+          "and the other node still completes and commits it",
+          "[integration][multi-node][cancel]") {
+  Cluster cluster(2);
+  std::unique_ptr<Client> rank0 = ConnectRank(cluster, 0);
+  std::unique_ptr<Client> rank1 = ConnectRank(cluster, 1);
+  auto save0 = rank0->Save(ByteSave("step-1", 0));
+  REQUIRE(save0.ok());
+  // Node 0 is DURABLE (its manifest is out) and waits for node 1.
+  for (int i = 0; i < 500 && (*save0)->progress().phase() != v1::PHASE_DURABLE; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE((*save0)->progress().phase() == v1::PHASE_DURABLE);
+  const std::string dir = cluster.root() + "/job/step-1";
+  REQUIRE(std::filesystem::exists(dir + "/node-0000.manifest"));
+
+  // Node 1 would commit with node 0's files as soon as it is durable, so
+  // neither the operator nor the trainer may cancel on node 0 any more.
+  const ProcessResult cancel = RunProcess({CKPTCTL_BINARY, "--socket",
+                                           cluster.node(0).socket(), "cancel",
+                                           "job", "step-1"});
+  INFO(cancel.out);
+  CHECK(cancel.exit_code == 1);
+  CHECK(absl::StrContains(cancel.out, "job/step-1 can no longer be cancelled"));
+  const absl::Status by_rank = (*save0)->Cancel();
+  INFO(by_rank.ToString());
+  CHECK(by_rank.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(by_rank.message(), "node manifest is written"));
+  CHECK((*save0)->progress().phase() == v1::PHASE_DURABLE);
+
+  auto save1 = rank1->Save(ByteSave("step-1", 1));
+  REQUIRE(save1.ok());
+  CHECK((*save1)->WaitCommitted().ok());
+  CHECK((*save0)->WaitCommitted().ok());
+  CHECK(std::filesystem::exists(dir + "/COMMIT"));
+  CHECK(std::filesystem::exists(dir + "/node-0000.manifest"));
+  CHECK(std::filesystem::exists(dir + "/node-0001.manifest"));
 }
 
 }  // namespace ckpt::testing

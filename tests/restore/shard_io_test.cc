@@ -30,12 +30,15 @@
 #include "restore/shard_reader.h"
 #include "save/shard_writer.h"
 #include "session/memory_source.h"
+#include "storage/durable_file.h"
+#include "support/fault_injecting_queue.h"
 #include "support/skip.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::FaultInjectingQueue;
 using ::ckpt::testing::TempDir;
 
 constexpr uint32_t kBufferBytes = 64 * 1024;
@@ -131,42 +134,6 @@ class FailingSource final : public MemorySource {
   const int fail_read_on_;
   const int fail_write_on_;
   HostProcessMemory real_{::getpid()};
-};
-
-// The pwrite queue, except that its `fail_nth` submitted request (1-based)
-// completes with -EIO instead of running.
-class FailNthRequestQueue final : public IoQueue {
- public:
-  FailNthRequestQueue(uint32_t depth, int fail_nth)
-      : inner_(CreatePwriteQueue(depth)), fail_nth_(fail_nth) {}
-  int submitted = 0;
-
-  absl::string_view name() const override { return "fail-nth"; }
-  uint32_t depth() const override { return inner_->depth(); }
-  absl::Status Submit(absl::Span<const IoRequest> requests) override {
-    std::vector<IoRequest> pass;
-    for (const IoRequest& r : requests) {
-      if (++submitted == fail_nth_) {
-        injected_.push_back({r.tag, -EIO});
-      } else {
-        pass.push_back(r);
-      }
-    }
-    if (pass.empty()) return absl::OkStatus();
-    return inner_->Submit(pass);
-  }
-  absl::Status Reap(uint32_t min_completions,
-                    std::vector<IoCompletion>* out) override {
-    const uint32_t n = static_cast<uint32_t>(injected_.size());
-    out->insert(out->end(), injected_.begin(), injected_.end());
-    injected_.clear();
-    return inner_->Reap(min_completions > n ? min_completions - n : 0, out);
-  }
-
- private:
-  std::unique_ptr<IoQueue> inner_;
-  const int fail_nth_;
-  std::vector<IoCompletion> injected_;
 };
 
 // One shard: entries of varied sizes, their source bytes, its layout, a
@@ -606,13 +573,14 @@ TEST_CASE("ShardWriter returns a failing write's error and leaves no file",
   const int fail_nth = GENERATE(1, 10);
   INFO("write " << fail_nth << " fails with EIO");
   ShardFixture f;
-  FailNthRequestQueue queue(kQueueDepth, fail_nth);
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.eio_nth = fail_nth;
 
   ShardWriter writer(f.pool(), &queue);
   const absl::Status status = writer.Write(f.WriteRequest()).status();
   CHECK(status.code() == absl::StatusCode::kInternal);
   CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
-  CHECK(queue.submitted >= fail_nth);
+  CHECK(queue.submissions >= static_cast<uint32_t>(fail_nth));
   CheckLeftNoFile(f);
 }
 
@@ -623,7 +591,8 @@ TEST_CASE("ShardReader returns a failing read's error naming the file",
   ShardFixture f;
   std::unique_ptr<IoQueue> pwrite = CreatePwriteQueue(kQueueDepth);
   const ShardWriteResult written = f.WriteOrFail(pwrite.get());
-  FailNthRequestQueue queue(kQueueDepth, fail_nth);
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.eio_nth = fail_nth;
 
   std::vector<std::string> got;
   const absl::Status status = f.ReadAll(&queue, written, &got).status();
@@ -648,6 +617,135 @@ TEST_CASE("ShardReader returns a failing destination's error", "[shard_io]") {
              Catch::Contains("injected destination failure"));
   CHECK(destination.writes == 3);  // nothing delivered after the failure
   CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
+// A queue failure (its Reap fails) or a failed transfer, with several
+// transfers in flight when it hits.
+enum class Fault { kTransferEio, kReapFails };
+
+const char* FaultName(Fault fault) {
+  return fault == Fault::kTransferEio ? "a transfer fails with EIO"
+                                      : "the queue's Reap fails";
+}
+
+TEST_CASE(
+    "ShardReader, after a read error with several reads in flight, has every "
+    "buffer back in the pool and returned none while its read was outstanding",
+    "[shard_io]") {
+  const Fault fault = GENERATE(Fault::kTransferEio, Fault::kReapFails);
+  INFO(FaultName(fault));
+  ShardFixture f;
+  std::unique_ptr<IoQueue> pwrite = CreatePwriteQueue(kQueueDepth);
+  const ShardWriteResult written = f.WriteOrFail(pwrite.get());
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.WatchPool(f.pool());
+  if (fault == Fault::kTransferEio) {
+    queue.eio_nth = 4;
+  } else {
+    queue.failing_reap = 2;  // after the first windows were consumed
+  }
+
+  std::vector<std::string> got;
+  const absl::Status status = f.ReadAll(&queue, written, &got).status();
+
+  CHECK(status.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  REQUIRE(queue.in_flight_at_fault.has_value());
+  CHECK(*queue.in_flight_at_fault > 1);
+  CHECK(queue.in_flight == 0);
+  CHECK(queue.returned_while_outstanding == 0);
+  CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
+TEST_CASE(
+    "ShardWriter, after a write error with several writes in flight, has "
+    "every buffer back in the pool, returned none while its write was "
+    "outstanding, and leaves no file",
+    "[shard_io]") {
+  const Fault fault = GENERATE(Fault::kTransferEio, Fault::kReapFails);
+  INFO(FaultName(fault));
+  ShardFixture f;
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.WatchPool(f.pool());
+  queue.lazy = true;  // polls find nothing: writes pile up in flight
+  if (fault == Fault::kTransferEio) {
+    queue.eio_nth = 3;
+  } else {
+    // The poll after the fifth write fails, and the first wait after it:
+    // the writer has to retry before any buffer may go back.
+    queue.failing_reap = 5;
+    queue.failing_reaps = 2;
+  }
+
+  ShardWriter writer(f.pool(), &queue);
+  const absl::Status status = writer.Write(f.WriteRequest()).status();
+
+  CHECK(status.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  REQUIRE(queue.in_flight_at_fault.has_value());
+  CHECK(*queue.in_flight_at_fault > 1);
+  CHECK(queue.in_flight == 0);
+  CHECK(queue.returned_while_outstanding == 0);
+  CheckLeftNoFile(f);
+}
+
+// The real file operations, except that `fail` (Truncate or Fsync) returns
+// an injected error; records the calls.
+class FailingDataFileOps final : public FileOps {
+ public:
+  enum class Step { kNone, kTruncate, kFsync };
+  explicit FailingDataFileOps(Step fail) : fail_(fail) {}
+
+  std::vector<Step> calls;
+  uint64_t truncated_to = 0;
+
+  absl::Status Injected() const {
+    return absl::DataLossError(
+        fail_ == Step::kTruncate ? "injected ftruncate failure" : "injected fsync failure");
+  }
+  absl::Status Truncate(int fd, uint64_t size, const std::string& path) override {
+    calls.push_back(Step::kTruncate);
+    truncated_to = size;
+    if (fail_ == Step::kTruncate) return Injected();
+    return FileOps::Truncate(fd, size, path);
+  }
+  absl::Status Fsync(int fd, const std::string& path) override {
+    calls.push_back(Step::kFsync);
+    if (fail_ == Step::kFsync) return Injected();
+    return FileOps::Fsync(fd, path);
+  }
+
+ private:
+  const Step fail_;
+};
+
+TEST_CASE(
+    "ShardWriter trims and fsyncs the data file through its FileOps, and a "
+    "failing ftruncate or fsync ends the write with that error and no file",
+    "[shard_io]") {
+  using Step = FailingDataFileOps::Step;
+  const Step fail = GENERATE(Step::kNone, Step::kTruncate, Step::kFsync);
+  INFO("failing step " << static_cast<int>(fail));
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  FailingDataFileOps ops(fail);
+
+  ShardWriter writer(f.pool(), queue.get(), ops);
+  absl::StatusOr<ShardWriteResult> result = writer.Write(f.WriteRequest());
+
+  CHECK(ops.truncated_to == f.layout().file_size);
+  if (fail == Step::kNone) {
+    INFO(result.status());
+    REQUIRE(result.ok());
+    CHECK(ops.calls == std::vector<Step>{Step::kTruncate, Step::kFsync});
+    CheckFileMatchesSources(f, *result);
+    return;
+  }
+  CHECK(result.status() == ops.Injected());
+  // The protocol stopped at the failing step.
+  CHECK(ops.calls.back() == fail);
+  CHECK(ops.calls.size() == (fail == Step::kTruncate ? 1u : 2u));
+  CheckLeftNoFile(f);
 }
 
 TEST_CASE(

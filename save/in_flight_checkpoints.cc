@@ -1,0 +1,362 @@
+#include "save/in_flight_checkpoints.h"
+
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace ckpt {
+namespace {
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+}  // namespace
+
+uint64_t InFlightCheckpoints::commits_retired() const {
+  absl::MutexLock lock(&mu_);
+  return commits_retired_;
+}
+
+absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
+    NewPart&& request, bool committed, uint64_t commits_retired,
+    ListenerCalls* out) {
+  const Session& session = *request.session;
+  const std::string key = absl::StrCat(request.job, "/", request.name);
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (committed) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "checkpoint ", key, " is already committed; choose a new name"));
+    }
+    // The caller looked for COMMIT without the lock; an attempt that
+    // committed since then may have had this name.
+    if (commits_retired != commits_retired_) {
+      return absl::AbortedError(absl::StrCat("a checkpoint committed while ",
+                                             key, " was checked; check again"));
+    }
+    Entry entry;
+    entry.checkpoint = std::make_shared<CheckpointAttempt>(
+        request.job, request.name, session.world_size(),
+        session.local_world_size());
+    it = entries_.emplace(key, std::move(entry)).first;
+  } else {
+    const Entry& entry = it->second;
+    const CheckpointAttempt& cp = *entry.checkpoint;
+    if (entry.removing_files) {
+      return absl::UnavailableError(absl::StrCat(
+          "checkpoint ", key, " is removing the files of its ended attempt (",
+          entry.reason, "); try again"));
+    }
+    if (entry.final_phase != v1::PHASE_UNSPECIFIED) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint ", key, " already ended: ", entry.reason));
+    }
+    if (cp.world_size != session.world_size() ||
+        cp.local_ranks != session.local_world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session world size ", session.world_size(), " (",
+          session.local_world_size(), " local) differs from the ",
+          cp.world_size, " (", cp.local_ranks, " local) of checkpoint ", key));
+    }
+    if (entry.parts.count(session.rank()) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rank ", session.rank(), " already submitted its part of ", key));
+    }
+    if (entry.parts.size() == cp.local_ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", key, " already has all ", cp.local_ranks,
+          " local ranks; rank ", session.rank(), " is one too many"));
+    }
+  }
+  Entry& entry = it->second;
+  auto part = std::make_shared<SavePart>();
+  part->id = next_save_id_++;
+  part->rank = session.rank();
+  part->session = std::move(request.session);
+  part->checkpoint = entry.checkpoint;
+  part->tensors = std::move(request.tensors);
+  part->byte_items = std::move(request.byte_items);
+  entry.parts[part->rank] = part;
+  parts_[part->id] = part;
+
+  v1::SaveProgress progress;
+  progress.set_save_id(part->id);
+  progress.set_job(part->checkpoint->job);
+  progress.set_checkpoint(part->checkpoint->name);
+  progress.set_rank(part->rank);
+  progress.set_phase(v1::PHASE_ACCEPTED);
+  progress.set_world_size(part->checkpoint->world_size);
+  uint64_t total = 0;
+  for (const PlannedFile& f : part->tensors->plan.files)
+    total += f.layout.file_size;
+  progress.set_total_bytes(total);
+  progress.set_accepted_unix_micros(NowMicros());
+  progress.set_ranks_submitted(entry.parts.size());
+  board_->Add(part->session->id(), progress, out);
+  for (const auto& [rank, other] : entry.parts) {
+    if (other == part) continue;
+    board_->Update(
+        other->id, /*force=*/false,
+        [&](v1::SaveProgress& p) { p.set_ranks_submitted(entry.parts.size()); },
+        out);
+  }
+  return part;
+}
+
+InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
+    const SavePart& part, const absl::Status& status, ListenerCalls* out) {
+  PartFinished result;
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(*part.checkpoint);
+  if (it == entries_.end())
+    return result;  // cannot happen: retired after its parts
+  Entry& entry = it->second;
+  ++entry.finished_parts;
+  if (entry.final_phase == v1::PHASE_UNSPECIFIED) {
+    if (status.ok()) {
+      result.node_durable =
+          ++entry.durable_parts == entry.checkpoint->local_ranks;
+    } else {
+      LogWarning("save ", part.id, " of ", entry.checkpoint->key, " rank ",
+                 part.rank, ": ", status.ToString());
+      EndLocked(
+          entry,
+          absl::IsCancelled(status) ? v1::PHASE_CANCELLED : v1::PHASE_FAILED,
+          absl::StrCat("rank ", part.rank, ": ", status.message()), out);
+    }
+  }
+  result.retired = MaybeRetireLocked(it);
+  return result;
+}
+
+std::vector<std::shared_ptr<SavePart>> InFlightCheckpoints::Parts(
+    const CheckpointAttempt& checkpoint) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<SavePart>> parts;
+  auto it = entries_.find(checkpoint.key);
+  if (it == entries_.end() || it->second.checkpoint.get() != &checkpoint)
+    return parts;
+  for (const auto& [rank, part] : it->second.parts) parts.push_back(part);
+  return parts;
+}
+
+bool InFlightCheckpoints::NodeDurable(const CheckpointAttempt& checkpoint,
+                                      ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(checkpoint);
+  if (it == entries_.end()) return false;
+  Entry& entry = it->second;
+  entry.manifest_written = true;
+  entry.durable_at = std::chrono::steady_clock::now();
+  if (entry.final_phase != v1::PHASE_UNSPECIFIED) return false;
+  PublishPhaseLocked(entry, v1::PHASE_DURABLE, out);
+  return true;
+}
+
+std::optional<std::chrono::steady_clock::duration>
+InFlightCheckpoints::WaitingForNodes(
+    const CheckpointAttempt& checkpoint) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(checkpoint.key);
+  if (it == entries_.end() || it->second.checkpoint.get() != &checkpoint ||
+      it->second.final_phase != v1::PHASE_UNSPECIFIED) {
+    return std::nullopt;
+  }
+  return std::chrono::steady_clock::now() - it->second.durable_at;
+}
+
+std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Commit(
+    const CheckpointAttempt& checkpoint, ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(checkpoint);
+  if (it == entries_.end() || it->second.final_phase != v1::PHASE_UNSPECIFIED) {
+    return std::nullopt;
+  }
+  PublishPhaseLocked(it->second, v1::PHASE_COMMITTED, out);
+  it->second.final_phase = v1::PHASE_COMMITTED;
+  return MaybeRetireLocked(it);
+}
+
+std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Fail(
+    const CheckpointAttempt& checkpoint, std::string reason,
+    ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(checkpoint);
+  if (it == entries_.end() || it->second.final_phase != v1::PHASE_UNSPECIFIED) {
+    return std::nullopt;
+  }
+  EndLocked(it->second, v1::PHASE_FAILED, std::move(reason), out);
+  return MaybeRetireLocked(it);
+}
+
+absl::Status InFlightCheckpoints::CheckCancellable(const Entry& entry) {
+  // Compared with this node's parts, not the job's world: once they are
+  // all durable, this node's manifest is being written or is out, and any
+  // node that finds every manifest commits with these files.
+  if (entry.durable_parts == entry.checkpoint->local_ranks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        entry.checkpoint->key,
+        " can no longer be cancelled: every part on this node is durable and "
+        "its node manifest is written, so it commits once every node is"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InFlightCheckpoints::Cancelled> InFlightCheckpoints::CancelSave(
+    const Session& session, uint64_t save_id, ListenerCalls* out) {
+  Cancelled result;
+  absl::MutexLock lock(&mu_);
+  auto part = parts_.find(save_id);
+  if (part == parts_.end() || part->second->session->id() != session.id()) {
+    // A save that already left the set ended: there is nothing to cancel.
+    if (part == parts_.end() && board_->Owns(session.id(), save_id))
+      return result;
+    return absl::NotFoundError(
+        absl::StrCat("no save with id ", save_id, " in this session"));
+  }
+  auto it = FindLocked(*part->second->checkpoint);
+  if (it == entries_.end()) return result;
+  Entry& entry = it->second;
+  if (entry.final_phase != v1::PHASE_UNSPECIFIED) return result;
+  RETURN_IF_ERROR(CheckCancellable(entry));
+  EndLocked(entry, v1::PHASE_CANCELLED,
+            absl::StrCat("cancelled by rank ", session.rank()), out);
+  result.saves = entry.parts.size();
+  result.retired = MaybeRetireLocked(it);
+  return result;
+}
+
+absl::StatusOr<InFlightCheckpoints::Cancelled>
+InFlightCheckpoints::CancelCheckpoint(absl::string_view job,
+                                      absl::string_view name,
+                                      ListenerCalls* out) {
+  Cancelled result;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(absl::StrCat(job, "/", name));
+  if (it == entries_.end() || it->second.removing_files) {
+    return absl::NotFoundError(
+        absl::StrCat("no save of ", job, "/", name, " is in flight"));
+  }
+  Entry& entry = it->second;
+  if (entry.final_phase != v1::PHASE_UNSPECIFIED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(job, "/", name, " already ended: ", entry.reason));
+  }
+  RETURN_IF_ERROR(CheckCancellable(entry));
+  EndLocked(entry, v1::PHASE_CANCELLED, "cancelled by the operator", out);
+  result.saves = entry.parts.size();
+  result.retired = MaybeRetireLocked(it);
+  return result;
+}
+
+std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionClosed(
+    const Session& session, ListenerCalls* out) {
+  std::vector<Retired> retired;
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto next = std::next(it);  // retiring may erase `it`
+    Entry& entry = it->second;
+    if (entry.checkpoint->job == session.job() &&
+        entry.final_phase == v1::PHASE_UNSPECIFIED &&
+        entry.parts.count(session.rank()) == 0) {
+      EndLocked(entry, v1::PHASE_FAILED,
+                absl::StrCat("rank ", session.rank(),
+                             " disconnected before submitting its part"),
+                out);
+      if (auto r = MaybeRetireLocked(it)) retired.push_back(*std::move(r));
+    }
+    it = next;
+  }
+  return retired;
+}
+
+bool InFlightCheckpoints::Contains(absl::string_view job,
+                                   absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  return entries_.contains(absl::StrCat(job, "/", name));
+}
+
+void InFlightCheckpoints::ForgetRemoved(const CheckpointAttempt& checkpoint) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(checkpoint);
+  if (it != entries_.end() && it->second.removing_files) entries_.erase(it);
+}
+
+InFlightCheckpoints::Entries::iterator InFlightCheckpoints::FindLocked(
+    const CheckpointAttempt& checkpoint) {
+  auto it = entries_.find(checkpoint.key);
+  if (it == entries_.end() || it->second.checkpoint.get() != &checkpoint) {
+    return entries_.end();
+  }
+  return it;
+}
+
+void InFlightCheckpoints::PublishPhaseLocked(Entry& entry, v1::Phase phase,
+                                             ListenerCalls* out) {
+  const int64_t now = NowMicros();
+  for (const auto& [rank, part] : entry.parts) {
+    board_->Update(
+        part->id, /*force=*/true,
+        [&](v1::SaveProgress& p) {
+          p.set_phase(phase);
+          if (phase == v1::PHASE_DURABLE) p.set_durable_unix_micros(now);
+          if (phase == v1::PHASE_COMMITTED) p.set_committed_unix_micros(now);
+        },
+        out);
+  }
+}
+
+void InFlightCheckpoints::EndLocked(Entry& entry, v1::Phase phase,
+                                    std::string reason, ListenerCalls* out) {
+  entry.final_phase = phase;
+  entry.reason = std::move(reason);
+  LogWarning("checkpoint ", entry.checkpoint->key, " ", v1::Phase_Name(phase),
+             ": ", entry.reason);
+  for (const auto& [rank, part] : entry.parts) {
+    part->cancelled = true;
+    board_->Update(
+        part->id, /*force=*/true,
+        [&](v1::SaveProgress& p) {
+          p.set_phase(phase);
+          p.set_reason(entry.reason);
+        },
+        out);
+  }
+}
+
+std::optional<InFlightCheckpoints::Retired>
+InFlightCheckpoints::MaybeRetireLocked(Entries::iterator it) {
+  Entry& entry = it->second;
+  if (entry.final_phase == v1::PHASE_UNSPECIFIED || entry.removing_files ||
+      entry.finished_parts < entry.parts.size()) {
+    return std::nullopt;
+  }
+  Retired retired;
+  retired.checkpoint = entry.checkpoint;
+  retired.phase = entry.final_phase;
+  for (const auto& [rank, part] : entry.parts) {
+    for (const PlannedFile& f : part->tensors->plan.files)
+      retired.files.push_back(f.name);
+    parts_.erase(part->id);
+  }
+  if (entry.final_phase == v1::PHASE_COMMITTED) {
+    ++commits_retired_;
+  } else if (entry.manifest_written) {
+    retired.files_action = Retired::Files::kLeaveForGc;
+  } else if (entry.checkpoint->prepared.load()) {
+    // Stays in the set until the files are gone, so that a new attempt of
+    // the same name cannot prepare them while they are being removed.
+    retired.files_action = Retired::Files::kRemove;
+    entry.removing_files = true;
+    entry.parts.clear();
+    return retired;
+  }
+  entries_.erase(it);
+  return retired;
+}
+
+}  // namespace ckpt

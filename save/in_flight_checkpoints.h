@@ -1,0 +1,188 @@
+// InFlightCheckpoints: the checkpoints this node is saving, their parts, and
+// every transition of their state.
+//
+// A checkpoint attempt starts with the first part submitted for its name
+// and moves through these states (each part's published phase in
+// brackets):
+//
+//   writing   parts join until local_ranks have [ACCEPTED, STAGED]
+//   durable   every local part is durable: the node manifest is being
+//             written, then is written [DURABLE]; from here on another
+//             node may commit with this node's files, so it can no longer
+//             be cancelled, nor can its files be removed
+//   ended     COMMITTED, or FAILED/CANCELLED with a reason; every part is
+//             told, and the others are cancelled
+//   retired   ended and no worker uses it any more: it leaves the set. A
+//             failed attempt whose files must be removed stays, refusing
+//             new saves of its name, until ForgetRemoved.
+//
+// Transitions that end an attempt return a Retired when it leaves the set:
+// what remains to be done with no lock held (drop the memory tier's images,
+// remove this node's files). Parts' progress is published on the
+// SaveProgressBoard from inside the transition, so watchers see the phases
+// in the order the transitions happened; the listener calls come back in
+// a ListenerCalls to be made after unlocking.
+//
+// Ownership: owns the attempts' state; shares the SaveParts with their
+// workers; borrows the board, which must outlive it.
+// Thread-safety: all methods may be called from any thread. Lock order:
+// `mu_`, then the board's lock; nothing else is called under `mu_` (no
+// store, worker, tier or listener).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ckpt/v1/control.pb.h"
+#include "save/save_part.h"
+#include "save/save_progress_board.h"
+#include "session/session.h"
+
+namespace ckpt {
+
+class InFlightCheckpoints {
+ public:
+  using ListenerCalls = SaveProgressBoard::ListenerCalls;
+
+  // What is left to do, with no lock held, for an attempt that left the set.
+  struct Retired {
+    enum class Files {
+      kKeep,        // committed, or this node never touched the directory
+      kLeaveForGc,  // its node manifest is out: a node may be committing
+      kRemove,      // remove `files` and the manifest, then ForgetRemoved
+    };
+    std::shared_ptr<CheckpointAttempt> checkpoint;
+    v1::Phase phase = v1::PHASE_UNSPECIFIED;
+    Files files_action = Files::kKeep;
+    std::vector<std::string> files;  // this node's data files
+  };
+
+  // A rank's part as Submit validated it.
+  struct NewPart {
+    std::shared_ptr<Session> session;
+    std::string job, name;
+    std::shared_ptr<const TensorLayout> tensors;
+    std::vector<v1::ByteItem> byte_items;
+  };
+
+  explicit InFlightCheckpoints(SaveProgressBoard* board) : board_(board) {}
+
+  // How many attempts have left the set committed. Read before checking
+  // storage for COMMIT, and pass both to Add.
+  uint64_t commits_retired() const;
+
+  // Adds a rank's part to the attempt in flight under its name, or starts
+  // one. `committed`: the checkpoint's COMMIT existed when checked, after
+  // `commits_retired` was read. Aborted if an attempt committed since then
+  // (it may have been this name: check again). `part` is moved from only
+  // on success.
+  absl::StatusOr<std::shared_ptr<SavePart>> Add(NewPart&& part, bool committed,
+                                                uint64_t commits_retired,
+                                                ListenerCalls* out);
+
+  // The part's worker is done with it: durable if `status` is OK, otherwise
+  // the attempt ends (CANCELLED for a Cancelled status, else FAILED).
+  struct PartFinished {
+    bool node_durable =
+        false;  // it was the last local part: write the manifest
+    std::optional<Retired> retired;
+  };
+  PartFinished FinishPart(const SavePart& part, const absl::Status& status,
+                          ListenerCalls* out);
+
+  // The attempt's parts in rank order (all durable once node_durable).
+  std::vector<std::shared_ptr<SavePart>> Parts(
+      const CheckpointAttempt& checkpoint) const;
+
+  // The node manifest is durable: every part becomes DURABLE. False if the
+  // attempt ended meanwhile (then no commit is tried).
+  bool NodeDurable(const CheckpointAttempt& checkpoint, ListenerCalls* out);
+
+  // How long the attempt has waited for the other nodes since it became
+  // durable; nullopt once it ended (no further commit attempt is needed).
+  std::optional<std::chrono::steady_clock::duration> WaitingForNodes(
+      const CheckpointAttempt& checkpoint) const;
+
+  // COMMIT is written: every part becomes COMMITTED and the attempt leaves
+  // the set before any listener hears of it, so a client that saw
+  // COMMITTED never finds the save still in flight. Nullopt if it had
+  // already ended.
+  std::optional<Retired> Commit(const CheckpointAttempt& checkpoint,
+                                ListenerCalls* out);
+
+  // Ends the attempt FAILED with `reason`, unless it already ended.
+  std::optional<Retired> Fail(const CheckpointAttempt& checkpoint,
+                              std::string reason, ListenerCalls* out);
+
+  struct Cancelled {
+    uint32_t saves = 0;  // parts cancelled; 0 if the attempt had ended
+    std::optional<Retired> retired;
+  };
+  // A trainer's cancel through one of its saves. NotFound if the session
+  // has no such save; FailedPrecondition once this node is durable.
+  absl::StatusOr<Cancelled> CancelSave(const Session& session, uint64_t save_id,
+                                       ListenerCalls* out);
+  // The operator's cancel by name. NotFound if not in flight here;
+  // FailedPrecondition once ended or once this node is durable.
+  absl::StatusOr<Cancelled> CancelCheckpoint(absl::string_view job,
+                                             absl::string_view name,
+                                             ListenerCalls* out);
+
+  // Fails the attempts of the session's job that still wait for its rank.
+  std::vector<Retired> SessionClosed(const Session& session,
+                                     ListenerCalls* out);
+
+  // True while an attempt of that name is in the set (files included).
+  bool Contains(absl::string_view job, absl::string_view name) const;
+
+  // The files of a kRemove attempt are gone: the name is free again.
+  void ForgetRemoved(const CheckpointAttempt& checkpoint);
+
+ private:
+  struct Entry {
+    std::shared_ptr<CheckpointAttempt> checkpoint;
+    std::map<uint32_t, std::shared_ptr<SavePart>> parts;  // by rank
+    uint32_t finished_parts = 0;  // their workers are done with them
+    uint32_t durable_parts = 0;
+    bool manifest_written = false;
+    std::chrono::steady_clock::time_point durable_at;
+    v1::Phase final_phase = v1::PHASE_UNSPECIFIED;
+    std::string reason;
+    bool removing_files = false;  // retired; waiting for ForgetRemoved
+  };
+  using Entries = std::map<std::string, Entry>;
+
+  // The entry of this very attempt (not a later one of the same name).
+  Entries::iterator FindLocked(const CheckpointAttempt& checkpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every part gets `phase`, stamped now where the phase has a time field.
+  void PublishPhaseLocked(Entry& entry, v1::Phase phase, ListenerCalls* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the attempt ended and cancels its parts.
+  void EndLocked(Entry& entry, v1::Phase phase, std::string reason,
+                 ListenerCalls* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes an ended attempt out of the set once no worker uses it.
+  std::optional<Retired> MaybeRetireLocked(Entries::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses a cancel once another node may commit with this node's files.
+  static absl::Status CheckCancellable(const Entry& entry);
+
+  SaveProgressBoard* const board_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_save_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t commits_retired_ ABSL_GUARDED_BY(mu_) = 0;
+  Entries entries_ ABSL_GUARDED_BY(mu_);  // by "job/name"
+  // The parts of the attempts in the set, by save id.
+  std::map<uint64_t, std::shared_ptr<SavePart>> parts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt

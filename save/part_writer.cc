@@ -1,0 +1,120 @@
+#include "save/part_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/save_phase.h"
+#include "common/status.h"
+#include "save/shard_writer.h"
+
+namespace ckpt {
+
+void PartWriter::MarkStaged(const SavePart& part, bool staged) {
+  SaveProgressBoard::ListenerCalls calls;
+  board_->Update(
+      part.id, /*force=*/true,
+      [&](v1::SaveProgress& p) {
+        if (IsFinalPhase(p.phase())) return;
+        p.set_copies_enqueued(true);
+        if (staged) {
+          p.set_phase(v1::PHASE_STAGED);
+          p.set_staged_unix_micros(absl::ToUnixMicros(absl::Now()));
+        }
+      },
+      &calls);
+  calls.Run();
+}
+
+absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
+  CheckpointAttempt& cp = *part.checkpoint;
+  if (part.cancelled.load())
+    return absl::CancelledError("cancelled before it started");
+  std::call_once(cp.prepare_once, [&] {
+    cp.prepare_status =
+        store_->PrepareForSave(cp.job, cp.name, options_.node_id);
+    cp.prepared = true;
+  });
+  RETURN_IF_ERROR(cp.prepare_status);
+
+  const TensorLayout& tensors = *part.tensors;
+  const std::vector<PlannedFile>& files = tensors.plan.files;
+  // One batch of copies for the whole part, so the staged events are
+  // recorded once, after its last copy.
+  ASSIGN_OR_RETURN(std::unique_ptr<CopyOutBatch> batch,
+                   part.session->memory()->BeginCopyOut());
+  // A rank that owns nothing (its replicas write everything) is staged now.
+  if (files.empty()) {
+    RETURN_IF_ERROR(batch->AllEnqueued());
+    MarkStaged(part, /*staged=*/true);
+  }
+  ShardWriter writer(pool_, &queue);
+  ShardWriteProgress before;  // of the files already written
+  // Files are written one after another, and only the last one's copies
+  // are still being enqueued while the trainer waits for copies_enqueued:
+  // the largest goes last, so the trainer waits for the smaller ones (the
+  // replicated small parameters a rank owns) to reach storage, not for it.
+  std::vector<size_t> order(files.size());
+  for (size_t f = 0; f < files.size(); ++f) order[f] = f;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return files[a].layout.file_size < files[b].layout.file_size;
+  });
+  part.results.assign(files.size(), ShardWriteResult());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t f = order[k];
+    const bool last = k + 1 == order.size();
+    const PlannedFile& file = files[f];
+    ShardWriteRequest req;
+    req.path =
+        absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
+    // A leftover of an earlier, crashed attempt at this checkpoint: only
+    // this rank ever writes this name.
+    if (::unlink(req.path.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoToStatus(errno, absl::StrCat("remove stale ", req.path));
+    }
+    req.layout = &file.layout;
+    for (size_t i : file.items) {
+      req.remote.push_back(tensors.remote[i]);
+      req.lengths.push_back(tensors.items[i].memory().length());
+    }
+    req.checksum_block_bytes = options_.checksum_block_bytes;
+    req.source = part.session->memory();
+    req.batch = batch.get();
+    req.last_file_of_batch = last;
+    req.cancelled = &part.cancelled;
+    req.limiter = &limiter_;
+    const std::shared_ptr<FileImage> image =
+        tier_->Reserve(cp.job, cp.name, file.name, file.layout.file_size);
+    if (image != nullptr) req.capture = image->data();
+    req.on_progress = [&](const ShardWriteProgress& progress) {
+      SaveProgressBoard::ListenerCalls calls;
+      board_->Update(
+          part.id, /*force=*/false,
+          [&](v1::SaveProgress& p) {
+            p.set_bytes_staged(before.bytes_staged + progress.bytes_staged);
+            p.set_bytes_written(before.bytes_written + progress.bytes_written);
+          },
+          &calls);
+      calls.Run();
+    };
+    if (last) {
+      // The GPU-side STAGED: the trainer's stream may wait on its staged event.
+      req.on_enqueued = [&] { MarkStaged(part, /*staged=*/false); };
+      req.on_staged = [&] { MarkStaged(part, /*staged=*/true); };
+    }
+    ASSIGN_OR_RETURN(ShardWriteResult result, writer.Write(req));
+    before.bytes_staged += result.file_size;
+    before.bytes_written += result.file_size;
+    tensor_bytes_written_ += file.tensor_bytes;
+    part.results[f] = std::move(result);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,70 @@
+// PartWriter: writes one rank's part of a checkpoint on an I/O worker.
+//
+// A part is the data files the rank owns under the node plan. Write first
+// prepares the checkpoint directory (once per attempt, by whichever of its
+// parts starts first), then writes the files one after another through a
+// ShardWriter, all their copies in one CopyOutBatch so that the trainer's
+// staged events are recorded once, after the last copy. Each staged window
+// may also be captured into a MemoryTier image. Progress goes to the
+// SaveProgressBoard as it happens: byte counters (throttled), the GPU-side
+// STAGED (copies_enqueued) and STAGED.
+//
+// Ownership: borrows the store, pool, tier and board, which outlive it;
+// owns the write rate limiter all writes share.
+// Thread-safety: Write may run on several workers at once (one part each).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "io/io_queue.h"
+#include "io/rate_limiter.h"
+#include "io/staging_pool.h"
+#include "save/save_part.h"
+#include "save/save_progress_board.h"
+#include "storage/checkpoint_store.h"
+#include "storage/memory_tier.h"
+
+namespace ckpt {
+
+class PartWriter {
+ public:
+  struct Options {
+    uint32_t node_id = 0;
+    uint64_t checksum_block_bytes = 0;
+    uint64_t write_rate_limit = 0;  // bytes per second; 0: unlimited
+  };
+
+  PartWriter(const Options& options, const CheckpointStore* store,
+             StagingPool* pool, MemoryTier* tier, SaveProgressBoard* board)
+      : options_(options),
+        store_(store),
+        pool_(pool),
+        tier_(tier),
+        board_(board),
+        limiter_(options.write_rate_limit) {}
+
+  // Writes and fsyncs every file of `part` with `queue` (the worker's);
+  // OK once all of them are durable. Cancelled if the part was cancelled.
+  // Fills part.results.
+  absl::Status Write(SavePart& part, IoQueue& queue);
+
+  // Tensor bytes written to data files since start (headers excluded).
+  uint64_t tensor_bytes_written() const { return tensor_bytes_written_.load(); }
+
+ private:
+  // Publishes the phase change `staged` (STAGED, or with false only the
+  // GPU-side copies_enqueued) unless the part already ended.
+  void MarkStaged(const SavePart& part, bool staged);
+
+  const Options options_;
+  const CheckpointStore* const store_;
+  StagingPool* const pool_;
+  MemoryTier* const tier_;
+  SaveProgressBoard* const board_;
+  RateLimiter limiter_;
+  std::atomic<uint64_t> tensor_bytes_written_{0};
+};
+
+}  // namespace ckpt

@@ -1,0 +1,116 @@
+#include "save/save_progress_board.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/save_phase.h"
+
+namespace ckpt {
+namespace {
+
+constexpr auto kProgressInterval = std::chrono::milliseconds(200);
+constexpr auto kKeepEndedParts = std::chrono::minutes(10);
+constexpr size_t kMaxEndedParts = 4096;
+
+}  // namespace
+
+void SaveProgressBoard::ListenerCalls::Run() {
+  for (Call& call : std::exchange(calls_, {})) {
+    for (Listener& listener : call.listeners)
+      listener(call.progress, call.version);
+  }
+}
+
+void SaveProgressBoard::Add(uint64_t session_id,
+                            const v1::SaveProgress& progress,
+                            ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = entries_[progress.save_id()];
+  entry.session_id = session_id;
+  entry.progress = progress;
+  PublishLocked(entry, /*force=*/true, out);
+  PruneLocked();
+}
+
+void SaveProgressBoard::Update(
+    uint64_t save_id, bool force,
+    absl::FunctionRef<void(v1::SaveProgress&)> change, ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(save_id);
+  if (it == entries_.end()) return;
+  change(it->second.progress);
+  PublishLocked(it->second, force, out);
+}
+
+void SaveProgressBoard::PublishLocked(Entry& entry, bool force,
+                                      ListenerCalls* out) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - entry.last_publish < kProgressInterval) return;
+  entry.last_publish = now;
+  ++entry.version;
+  if (entry.listeners.empty()) return;
+  out->calls_.push_back(
+      {std::exchange(entry.listeners, {}), entry.progress, entry.version});
+}
+
+absl::Status SaveProgressBoard::WatchNext(uint64_t session_id, uint64_t save_id,
+                                          uint64_t after, Listener listener) {
+  v1::SaveProgress now;
+  uint64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(save_id);
+    if (it == entries_.end()) {
+      return absl::NotFoundError(absl::StrCat("no save with id ", save_id));
+    }
+    Entry& entry = it->second;
+    if (entry.session_id != session_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("save ", save_id, " belongs to another session"));
+    }
+    if (entry.version <= after) {
+      entry.listeners.push_back(std::move(listener));
+      return absl::OkStatus();
+    }
+    now = entry.progress;
+    version = entry.version;
+  }
+  listener(now, version);
+  return absl::OkStatus();
+}
+
+bool SaveProgressBoard::Owns(uint64_t session_id, uint64_t save_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(save_id);
+  return it != entries_.end() && it->second.session_id == session_id;
+}
+
+std::vector<v1::SaveProgress> SaveProgressBoard::InFlight() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::SaveProgress> out;
+  for (const auto& [id, entry] : entries_) {
+    if (!IsFinalPhase(entry.progress.phase())) out.push_back(entry.progress);
+  }
+  return out;
+}
+
+void SaveProgressBoard::PruneLocked() {
+  size_t ended = 0;
+  for (const auto& [id, entry] : entries_)
+    ended += IsFinalPhase(entry.progress.phase());
+  const int64_t cutoff = absl::ToUnixMicros(absl::Now()) -
+                         std::chrono::microseconds(kKeepEndedParts).count();
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const v1::SaveProgress& progress = it->second.progress;
+    const bool old = progress.accepted_unix_micros() < cutoff;
+    if (IsFinalPhase(progress.phase()) && (old || ended > kMaxEndedParts)) {
+      it = entries_.erase(it);
+      --ended;
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace ckpt
