@@ -301,6 +301,7 @@ absl::StatusOr<int> Gc(Daemon& daemon, const std::string& job) {
       const ckpt::v1::CollectGarbageResponse response,
       daemon.Call(&Ckptd::Stub::CollectGarbage, request, "gc", kNoDeadline));
   for (const auto& r : response.removed()) std::printf("removed %s\n", r.c_str());
+  for (const auto& l : response.left()) std::printf("left %s\n", l.c_str());
   std::printf("%d uncommitted checkpoint(s) removed\n", response.removed_size());
   return 0;
 }

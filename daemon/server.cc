@@ -80,7 +80,10 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
                    GpuBackend::Open(options.gpu, pool.get()));
   auto workers = std::make_unique<IoWorkers>(options.io_workers,
                                              options.queue_depth, *pool);
+  // The root is opened once, here; everything under it is reached from this
+  // descriptor without following symlinks (storage/storage_dir.h).
   CheckpointStore store(options.root);
+  RETURN_IF_ERROR(store.status());
   CheckpointLeases leases;
   MemoryTier tier(options.keep_in_memory_bytes);
   if (gpu->device() != nullptr) tier.SetPinner(gpu.get());

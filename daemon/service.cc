@@ -356,9 +356,9 @@ grpc::ServerUnaryReactor* CkptdService::CollectGarbage(
   return FinishOnIoWorker(
       c_.workers, context,
       [saves = c_.saves, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(std::vector<std::string> removed,
-                         saves->CollectGarbage(request->job()));
-        for (const std::string& r : removed) response->add_removed(r);
+        ASSIGN_OR_RETURN(GarbageCollection gc, saves->CollectGarbage(request->job()));
+        for (const std::string& r : gc.removed) response->add_removed(r);
+        for (const std::string& l : gc.left) response->add_left(l);
         return absl::OkStatus();
       });
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/box.h"
 #include "common/names.h"
 #include "common/status.h"
+#include "format/data_file_header.h"
 #include "format/dtype.h"
 #include "plan/tensor_item.h"
 #include "restore/shard_reader.h"
@@ -49,6 +51,9 @@ struct RoundRun {
   CheckpointLeases* leases = nullptr;  // set while a lease is held
   std::string job, checkpoint;
   std::vector<std::shared_ptr<const FileImage>> images;  // read from memory
+  // The checkpoint directory, open for the round: every data file is
+  // opened beneath it, without symlinks.
+  std::optional<StorageDir> dir;
   std::atomic<size_t> files_from_memory{0};
 
   void Finish() {
@@ -213,7 +218,15 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       chunk_users[t].insert(i);
     }
   }
-  const std::string dir = store->CheckpointDir(index.job(), index.checkpoint());
+  if (!deliveries.empty()) {
+    auto dir = store->OpenCheckpoint(index.job(), index.checkpoint());
+    if (!dir.ok()) {
+      for (auto& e : run->entries) e.status.Update(dir.status());
+      run->Finish();
+      return;
+    }
+    run->dir.emplace(*std::move(dir));
+  }
   for (auto& [t, list] : deliveries) {
     const v1::StoredTensor& c = index.tensors(t);
     if (c.file_index() >= static_cast<uint32_t>(index.files_size())) {
@@ -227,7 +240,9 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
     ShardReadRequest& req = run->files[c.file_index()];
     if (req.path.empty()) {
       const v1::DataFile& file = index.files(c.file_index());
-      req.path = absl::StrCat(dir, "/", file.name());
+      req.path = run->dir->PathOf(file.name());
+      req.dir = &*run->dir;
+      req.name = file.name();
       req.file_size = file.size();
       req.checksum_block_bytes = index.checksum_block_bytes();
       auto image = tier->Find(index.job(), index.checkpoint(), file.name(), file.size());
@@ -251,14 +266,30 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
     run->Finish();
     return;
   }
+  // Each file's chunks, to rebuild the safetensors header it must start
+  // with: the header is checked like the chunks' bytes.
+  std::map<uint32_t, std::vector<const v1::StoredTensor*>> file_chunks;
+  for (const v1::StoredTensor& t : index.tensors()) {
+    if (run->files.contains(t.file_index())) file_chunks[t.file_index()].push_back(&t);
+  }
   run->pending_files = run->files.size();
   for (auto& [file, req] : run->files) {
     std::sort(req.items.begin(), req.items.end(), [](const ItemRead& a, const ItemRead& b) {
       return a.item_file_offset < b.item_file_offset;
     });
-    workers->Post([run, pool, file = file](IoQueue& queue) {
-      ShardReader reader(pool, &queue);
-      auto n = reader.Read(run->files[file]);
+    workers->Post([run, pool, file = file,
+                   chunks = std::move(file_chunks[file])](IoQueue& queue) mutable {
+      ShardReadRequest& req = run->files[file];
+      absl::StatusOr<std::string> header = ExpectedDataFileHeader(
+          run->record.index().files(static_cast<int>(file)), std::move(chunks));
+      absl::StatusOr<uint64_t> n = uint64_t{0};
+      if (header.ok()) {
+        req.expected_header = *std::move(header);
+        ShardReader reader(pool, &queue);
+        n = reader.Read(req);
+      } else {
+        n = header.status();
+      }
       if (n.ok()) {
         run->bytes_read += *n;
       } else {

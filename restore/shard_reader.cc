@@ -133,6 +133,7 @@ class WindowConsumer {
   // asked for (bytes < length only at the end of the file).
   absl::Status Consume(const char* data, uint64_t offset, uint64_t length,
                        uint64_t bytes) {
+    RETURN_IF_ERROR(CompareHeader(data, offset, bytes));
     for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
       const uint64_t n = std::min(kSliceBytes, bytes - done);
       RETURN_IF_ERROR(Deliver(data + done, offset + done, n));
@@ -152,8 +153,13 @@ class WindowConsumer {
     return absl::OkStatus();
   }
 
-  // After the last window: every item must have been seen whole.
+  // After the last window: the header and every item must have been seen
+  // whole.
   absl::Status Finish() const {
+    if (header_compared_ < req_.expected_header.size()) {
+      return absl::DataLossError(absl::StrCat(req_.path, " ends inside its safetensors "
+                                              "header (truncated file?)"));
+    }
     if (next_item_ == req_.items.size()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(req_.path, " ended before item ",
                                             req_.items[next_item_].fqn,
@@ -161,6 +167,22 @@ class WindowConsumer {
   }
 
  private:
+  // Compares file bytes [at, at + len) that fall in the expected header.
+  absl::Status CompareHeader(const char* data, uint64_t at, uint64_t len) {
+    const std::string& header = req_.expected_header;
+    const uint64_t from = std::max<uint64_t>(at, header_compared_);
+    const uint64_t to = std::min<uint64_t>(at + len, header.size());
+    for (uint64_t i = from; i < to; ++i) {
+      if (data[i - at] != header[i]) {
+        return absl::DataLossError(absl::StrCat(
+            "safetensors header of ", req_.path, " differs from the one its manifest "
+            "makes at byte ", i));
+      }
+    }
+    if (to > header_compared_ && from == header_compared_) header_compared_ = to;
+    return absl::OkStatus();
+  }
+
   // Writes out the deliveries in file bytes [at, at + len): those still
   // going from earlier slices, then those that start here. Slices come in
   // file order, so each transfer is looked at only while it is under way.
@@ -204,6 +226,7 @@ class WindowConsumer {
   size_t next_transfer_ = 0;                // the first not yet started
   std::vector<const Transfer*> under_way_;  // started, not finished
   size_t next_item_ = 0;                    // the first not yet verified
+  uint64_t header_compared_ = 0;            // expected header bytes matched
   std::optional<ItemSink> sink_;
   Outbox outbox_;         // this slice's writes
   Outbox window_outbox_;  // this window's, for PrefersLargeWrites()
@@ -213,7 +236,13 @@ class WindowConsumer {
 // blocks, aligned for O_DIRECT, coalesced. Checks the request as it goes.
 absl::StatusOr<std::vector<Span>> Segments(const ShardReadRequest& req) {
   const uint64_t block = req.checksum_block_bytes;
+  if (block == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("zero checksum block size for ", req.path));
+  }
   std::vector<Span> segments;
+  if (!req.items.empty() && !req.expected_header.empty()) {
+    segments.push_back({0, AlignUp(req.expected_header.size())});
+  }
   for (size_t i = 0; i < req.items.size(); ++i) {
     const ItemRead& item = req.items[i];
     bool bad = item.deliveries.empty() ||
@@ -265,8 +294,13 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
     return 0;
   }
 
-  UniqueFd fd(::open(req.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", req.path));
+  UniqueFd fd;
+  if (req.dir != nullptr) {
+    ASSIGN_OR_RETURN(fd, req.dir->OpenFile(req.name, O_RDONLY | O_DIRECT));
+  } else {
+    fd.reset(::open(req.path.c_str(), O_RDONLY | O_DIRECT | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", req.path));
+  }
 
   // Declared after fd, so that on every return the pipeline has waited for
   // its reads in flight (and let their buffers go) before the fd closes.
@@ -337,7 +371,14 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
     return error;
   }
   RETURN_IF_ERROR(consumer.Finish());
-  return bytes_read;
+  // Bytes before the first item's aligned range were read for the header
+  // check alone.
+  uint64_t header_only = 0;
+  if (!req.expected_header.empty()) {
+    header_only = std::min(AlignUp(req.expected_header.size()),
+                           AlignDown(Widen(req.items.front(), req.checksum_block_bytes).begin));
+  }
+  return bytes_read - std::min(bytes_read, header_only);
 }
 
 }  // namespace ckpt

@@ -8,7 +8,8 @@
 // needs is widened to whole checksum blocks (so every byte handed to a peer
 // is covered by a verified block), the widened ranges are coalesced and read
 // with O_DIRECT in staging-buffer-sized windows, up to the queue depth in
-// flight. Windows are consumed in file order, so each item's hasher sees its
+// flight. With an expected header, the file's first bytes are read too and
+// must match it. Windows are consumed in file order, so each item's hasher sees its
 // bytes in order whatever order the reads complete in. A window is consumed
 // in cache-sized slices: a slice's deliveries go out first (one batched write
 // per destination), then the slice is hashed while it is still in the
@@ -33,6 +34,7 @@
 #include "io/io_queue.h"
 #include "io/staging_pool.h"
 #include "session/memory_source.h"
+#include "storage/storage_dir.h"
 
 namespace ckpt {
 
@@ -55,11 +57,22 @@ struct ItemRead {
 };
 
 struct ShardReadRequest {
+  // The file: `name` in the open checkpoint directory `dir`, resolved
+  // beneath it without following symlinks (storage/storage_dir.h); `path`
+  // names it in messages. Without `dir`, `path` is opened as given with
+  // O_NOFOLLOW (tests, and files outside a storage root).
   std::string path;
+  const StorageDir* dir = nullptr;
+  std::string name;
   uint64_t file_size = 0;
   uint64_t checksum_block_bytes = 0;
   // Sorted by item_file_offset, one per item.
   std::vector<ItemRead> items;
+  // Optional: the bytes the file must start with (its safetensors header,
+  // rebuilt from the manifest: format/data_file_header.h). They are read
+  // with the items and compared before any item byte of the same window is
+  // delivered; a difference is DataLoss naming the byte.
+  std::string expected_header;
   // Optional: the file's bytes already in memory (a MemoryTier image of
   // file_size bytes); read from there instead of the file, verified alike.
   const char* memory_image = nullptr;
@@ -68,7 +81,11 @@ struct ShardReadRequest {
 class ShardReader {
  public:
   ShardReader(StagingPool* pool, IoQueue* queue) : pool_(pool), queue_(queue) {}
-  // Returns the number of bytes read from storage (0 from a memory image).
+  // Returns the number of bytes read from storage for the items (0 from a
+  // memory image). The header check's own read, [0, data_start) where no
+  // item's range covers it, is not counted: the figure is the read
+  // amplification of the data, which dedupe accounting compares with the
+  // unique bytes.
   absl::StatusOr<uint64_t> Read(const ShardReadRequest& request);
 
  private:

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "format/data_file_header.h"
 #include "restore/shard_reader.h"
 
 namespace ckpt {
@@ -30,7 +31,7 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
   ASSIGN_OR_RETURN(v1::CommitRecord record,
                    store.ReadCommit(job, checkpoint.empty() ? "latest" : checkpoint));
   const v1::Manifest& index = record.index();
-  const std::string dir = store.CheckpointDir(index.job(), index.checkpoint());
+  ASSIGN_OR_RETURN(StorageDir dir, store.OpenCheckpoint(index.job(), index.checkpoint()));
   v1::VerifyResponse response;
   response.set_checkpoint(index.checkpoint());
   response.set_files(index.files_size());
@@ -40,10 +41,18 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
   ShardReader reader(pool, &queue);
   for (int f = 0; f < index.files_size(); ++f) {
     const v1::DataFile& file = index.files(f);
-    const std::string path = absl::StrCat(dir, "/", file.name());
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      response.add_damage(absl::StrCat(path, ": missing"));
+    const std::string path = dir.PathOf(file.name());
+    // lstat: a symlink planted as a data file is damage, not followed.
+    const absl::StatusOr<struct stat> stat = dir.Stat(file.name());
+    if (!stat.ok()) {
+      response.add_damage(absl::IsNotFound(stat.status())
+                              ? absl::StrCat(path, ": missing")
+                              : std::string(stat.status().message()));
+      continue;
+    }
+    const struct stat& st = *stat;
+    if (!S_ISREG(st.st_mode)) {
+      response.add_damage(absl::StrCat(path, ": not a regular file (a symlink?)"));
       continue;
     }
     if (static_cast<uint64_t>(st.st_size) != file.size()) {
@@ -51,6 +60,11 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
                                        file.size()));
     }
     auto& tensors = by_file[f];
+    // The header is rebuilt from the manifest and must match the file's
+    // first bytes (format/data_file_header.h); it is compared on the read of
+    // the first item, which passes it anyway.
+    absl::StatusOr<std::string> header = ExpectedDataFileHeader(file, tensors);
+    if (!header.ok()) response.add_damage(std::string(header.status().message()));
     std::sort(tensors.begin(), tensors.end(), [](const auto* a, const auto* b) {
       return a->file_offset() < b->file_offset();
     });
@@ -58,6 +72,8 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
     for (const v1::StoredTensor* t : tensors) {
       ShardReadRequest req;
       req.path = path;
+      req.dir = &dir;
+      req.name = file.name();
       req.file_size = file.size();
       req.checksum_block_bytes = index.checksum_block_bytes();
       ItemRead read;
@@ -68,6 +84,7 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
       read.block_count = t->block_xxh3_size();
       read.deliveries.push_back({0, t->length(), &discard, 0});
       req.items.push_back(std::move(read));
+      if (t == tensors.front() && header.ok()) req.expected_header = *header;
       auto result = reader.Read(req);
       if (result.ok()) {
         response.set_bytes_verified(response.bytes_verified() + t->length());

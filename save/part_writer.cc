@@ -1,9 +1,6 @@
 #include "save/part_writer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -13,6 +10,7 @@
 #include "common/save_phase.h"
 #include "common/status.h"
 #include "save/shard_writer.h"
+#include "storage/storage_dir.h"
 
 namespace ckpt {
 
@@ -42,6 +40,10 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     cp.prepared = true;
   });
   RETURN_IF_ERROR(cp.prepare_status);
+  // Every data file is created beneath this one directory descriptor, so a
+  // checkpoint directory swapped for a symlink after PrepareForSave cannot
+  // redirect a write (storage/storage_dir.h).
+  ASSIGN_OR_RETURN(StorageDir dir, store_->OpenCheckpoint(cp.job, cp.name));
 
   const TensorLayout& tensors = *part.tensors;
   const std::vector<PlannedFile>& files = tensors.plan.files;
@@ -54,7 +56,7 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     RETURN_IF_ERROR(batch->AllEnqueued());
     MarkStaged(part, /*staged=*/true);
   }
-  ShardWriter writer(pool_, &queue);
+  ShardWriter writer(pool_, &queue, file_ops_);
   ShardWriteProgress before;  // of the files already written
   // Files are written one after another, and only the last one's copies
   // are still being enqueued while the trainer waits for copies_enqueued:
@@ -71,13 +73,12 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     const bool last = k + 1 == order.size();
     const PlannedFile& file = files[f];
     ShardWriteRequest req;
-    req.path =
-        absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
+    req.dir = &dir;
+    req.name = file.name;
+    req.path = dir.PathOf(file.name);
     // A leftover of an earlier, crashed attempt at this checkpoint: only
     // this rank ever writes this name.
-    if (::unlink(req.path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoToStatus(errno, absl::StrCat("remove stale ", req.path));
-    }
+    RETURN_IF_ERROR(dir.Unlink(file.name));
     req.layout = &file.layout;
     for (size_t i : file.items) {
       req.remote.push_back(tensors.remote[i]);

@@ -9,8 +9,8 @@
 // SaveProgressBoard as it happens: byte counters (throttled), the GPU-side
 // STAGED (copies_enqueued) and STAGED.
 //
-// Ownership: borrows the store, pool, tier and board, which outlive it;
-// owns the write rate limiter all writes share.
+// Ownership: borrows the store, pool, tier, board and file operations,
+// which outlive it; owns the write rate limiter all writes share.
 // Thread-safety: Write may run on several workers at once (one part each).
 #pragma once
 
@@ -24,6 +24,7 @@
 #include "save/save_part.h"
 #include "save/save_progress_board.h"
 #include "storage/checkpoint_store.h"
+#include "storage/durable_file.h"
 #include "storage/memory_tier.h"
 
 namespace ckpt {
@@ -36,13 +37,17 @@ class PartWriter {
     uint64_t write_rate_limit = 0;  // bytes per second; 0: unlimited
   };
 
+  // `file_ops` trims and fsyncs each data file (ShardWriter): the seam
+  // through which tests fail those steps.
   PartWriter(const Options& options, const CheckpointStore* store,
-             StagingPool* pool, MemoryTier* tier, SaveProgressBoard* board)
+             StagingPool* pool, MemoryTier* tier, SaveProgressBoard* board,
+             FileOps& file_ops = DefaultFileOps())
       : options_(options),
         store_(store),
         pool_(pool),
         tier_(tier),
         board_(board),
+        file_ops_(file_ops),
         limiter_(options.write_rate_limit) {}
 
   // Writes and fsyncs every file of `part` with `queue` (the worker's);
@@ -63,6 +68,7 @@ class PartWriter {
   StagingPool* const pool_;
   MemoryTier* const tier_;
   SaveProgressBoard* const board_;
+  FileOps& file_ops_;
   RateLimiter limiter_;
   std::atomic<uint64_t> tensor_bytes_written_{0};
 };

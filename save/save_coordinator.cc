@@ -28,17 +28,19 @@ using ListenerCalls = SaveProgressBoard::ListenerCalls;
 SaveCoordinator::SaveCoordinator(const SaveOptions& options,
                                  const CheckpointStore* store,
                                  StagingPool* pool, IoWorkers* workers,
-                                 CheckpointLeases* leases, MemoryTier* tier)
+                                 CheckpointLeases* leases, MemoryTier* tier,
+                                 FileOps& file_ops)
     : options_(options),
       store_(store),
       workers_(workers),
       leases_(leases),
       tier_(tier),
+      file_ops_(file_ops),
       commit_(store),
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},
-              store, pool, tier, &board_),
+              store, pool, tier, &board_, file_ops),
       watcher_(kCommitPollInterval) {}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
@@ -129,7 +131,7 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
   }
   absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(v1::Manifest manifest, BuildNodeManifest(header, written));
-    return store_->WriteNodeManifest(manifest);
+    return store_->WriteNodeManifest(manifest, file_ops_);
   }();
   ListenerCalls calls;
   if (!status.ok()) {
@@ -248,7 +250,7 @@ absl::StatusOr<uint32_t> SaveCoordinator::CancelCheckpoint(
   return cancelled->saves;
 }
 
-absl::StatusOr<std::vector<std::string>> SaveCoordinator::CollectGarbage(
+absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
     absl::string_view job) {
   return ckpt::CollectGarbage(
       *store_, job, [this](const std::string& j, const std::string& name) {

@@ -20,10 +20,10 @@
 // manifest may be used by any node's commit: a cancel is refused from then
 // on.
 //
-// Ownership: borrows the store, pool, workers, leases and tier, which
-// outlive it; the I/O workers must finish their queued tasks (which may
-// post more) before it is destroyed. Owns the pieces above; the destructor
-// stops the commit watcher first.
+// Ownership: borrows the store, pool, workers, leases, tier and file
+// operations, which outlive it; the I/O workers must finish their queued
+// tasks (which may post more) before it is destroyed. Owns the pieces
+// above; the destructor stops the commit watcher first.
 // Thread-safety: all public methods may be called from any thread; storage
 // is touched only by the I/O workers, the commit watcher and (a stat for an
 // existing COMMIT) Submit. Lock order: InFlightCheckpoints' lock, then the
@@ -52,6 +52,8 @@
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/commit_protocol.h"
+#include "storage/durable_file.h"
+#include "storage/garbage_collector.h"
 #include "storage/memory_tier.h"
 
 namespace ckpt {
@@ -60,9 +62,13 @@ class SaveCoordinator {
  public:
   using Listener = SaveProgressBoard::Listener;
 
+  // `file_ops` makes this node's files durable: each data file's ftruncate
+  // and fsync, and every step of the node manifest's write. Tests pass one
+  // that fails a step; the I/O workers' queues are the other seam.
   SaveCoordinator(const SaveOptions& options, const CheckpointStore* store,
                   StagingPool* pool, IoWorkers* workers,
-                  CheckpointLeases* leases, MemoryTier* tier);
+                  CheckpointLeases* leases, MemoryTier* tier,
+                  FileOps& file_ops = DefaultFileOps());
 
   // Validates and queues this rank's part; returns its save id.
   absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
@@ -94,7 +100,7 @@ class SaveCoordinator {
   // Removes uncommitted checkpoints of `job` (every job if empty) older
   // than the job's newest committed one and not being written here.
   // Storage work: call it on an I/O worker.
-  absl::StatusOr<std::vector<std::string>> CollectGarbage(
+  absl::StatusOr<GarbageCollection> CollectGarbage(
       absl::string_view job);
 
   // Fails in-flight checkpoints of the session's job that still wait for
@@ -121,6 +127,7 @@ class SaveCoordinator {
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
   MemoryTier* const tier_;
+  FileOps& file_ops_;
   CommitProtocol commit_;
   SaveProgressBoard board_;
   InFlightCheckpoints checkpoints_{&board_};

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,22 +96,42 @@ class StagedWindows {
 // A failed write leaves no data file behind. Removing it is best effort: the
 // save has failed already, and an uncommitted directory is removed whole
 // later; a failure is logged so the leftover can be explained.
-void RemovePartialFile(const std::string& path) {
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    LogWarning(ErrnoToStatus(errno, absl::StrCat("remove partial ", path)).ToString());
+void RemovePartialFile(const StorageDir& dir, const std::string& name) {
+  const absl::Status removed = dir.Unlink(name);
+  if (!removed.ok()) LogWarning("remove partial file: ", removed.ToString());
+}
+
+// The directory and name the request's file is created in (see
+// ShardWriteRequest): the given ones, or those of `path`, the directory
+// opened without following a symlink as its last component.
+absl::StatusOr<StorageDir> OpenParent(const ShardWriteRequest& req, std::string* name) {
+  const size_t slash = req.path.rfind('/');
+  if (slash == std::string::npos || slash + 1 == req.path.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file path ", req.path, " has no directory and name"));
   }
+  *name = req.path.substr(slash + 1);
+  return StorageDir::OpenRoot(slash == 0 ? "/" : req.path.substr(0, slash));
 }
 
 }  // namespace
 
 absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     const ShardWriteRequest& req) {
-  UniqueFd fd(::open(req.path.c_str(),
-                     O_WRONLY | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0644));
-  if (!fd.valid()) {
-    // Nothing of ours to remove (EEXIST: someone else's file).
-    return ErrnoToStatus(errno, absl::StrCat("create ", req.path, " (O_DIRECT)"));
+  std::optional<StorageDir> own_dir;
+  const StorageDir* dir = req.dir;
+  std::string name = req.name;
+  if (dir == nullptr) {
+    ASSIGN_OR_RETURN(StorageDir opened, OpenParent(req, &name));
+    own_dir.emplace(std::move(opened));
+    dir = &*own_dir;
   }
+  // O_EXCL: a file (or a symlink) already under the name is EEXIST, someone
+  // else's, and not ours to remove.
+  absl::StatusOr<UniqueFd> opened =
+      dir->OpenFile(name, O_WRONLY | O_CREAT | O_EXCL | O_DIRECT, 0644);
+  if (!opened.ok()) return Annotate(opened.status(), "create data file (O_DIRECT)");
+  UniqueFd fd = *std::move(opened);
   absl::StatusOr<ShardWriteResult> result = WriteWindows(req, fd.get());
   if (result.ok()) {
     // Trim the O_DIRECT padding so the file size is exact, then make it
@@ -122,7 +143,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     if (durable.ok()) return result;
     result = durable;
   }
-  RemovePartialFile(req.path);
+  RemovePartialFile(*dir, name);
   return result;
 }
 

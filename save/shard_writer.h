@@ -47,6 +47,7 @@
 #include "io/staging_pool.h"
 #include "session/memory_source.h"
 #include "storage/durable_file.h"
+#include "storage/storage_dir.h"
 
 namespace ckpt {
 
@@ -56,7 +57,15 @@ struct ShardWriteProgress {
 };
 
 struct ShardWriteRequest {
-  std::string path;               // created O_EXCL
+  // The file to create, O_EXCL: `name` in the open checkpoint directory
+  // `dir` (resolved beneath it without symlinks, the way every name under
+  // the storage root must be: storage/storage_dir.h), with `path` its full
+  // name for messages. Without `dir`, `path` is opened as given, with
+  // O_NOFOLLOW and its directory opened O_NOFOLLOW: a symlink planted as the
+  // file or the checkpoint directory is refused, not followed.
+  std::string path;
+  const StorageDir* dir = nullptr;
+  std::string name;
   const SafetensorsLayout* layout = nullptr;
   std::vector<uint64_t> remote;   // peer address of each entry's bytes
   std::vector<uint64_t> lengths;  // bytes of each entry

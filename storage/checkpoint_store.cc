@@ -1,11 +1,8 @@
 #include "storage/checkpoint_store.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <unistd.h>
-
 #include <cerrno>
 
 #include "absl/strings/ascii.h"
@@ -16,19 +13,31 @@
 #include "absl/strings/strip.h"
 #include "common/names.h"
 #include "common/status.h"
-#include "common/unique_fd.h"
+#include "format/manifest_check.h"
 #include "format/manifest_file.h"
 #include "storage/durable_file.h"
 
 namespace ckpt {
 namespace {
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+// LATEST holds one name and a newline.
+constexpr uint64_t kMaxLatestBytes = 4096;
+
+absl::Status ValidateCheckpointName(absl::string_view job,
+                                    absl::string_view checkpoint) {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  return ValidateStorageName(checkpoint, "checkpoint");
 }
 
 }  // namespace
+
+CheckpointStore::CheckpointStore(std::string root)
+    : root_(std::move(root)), root_dir_(StorageDir::OpenRoot(root_)) {}
+
+absl::StatusOr<const StorageDir*> CheckpointStore::Root() const {
+  RETURN_IF_ERROR(root_dir_.status());
+  return &*root_dir_;
+}
 
 std::string CheckpointStore::JobDir(absl::string_view job) const {
   return absl::StrCat(root_, "/", job);
@@ -43,11 +52,29 @@ std::string CheckpointStore::NodeManifestName(uint32_t node_id) {
   return absl::StrFormat("node-%04u.manifest", node_id);
 }
 
+absl::StatusOr<StorageDir> CheckpointStore::OpenJob(absl::string_view job) const {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  ASSIGN_OR_RETURN(const StorageDir* root, Root());
+  return root->OpenSubdir(job);
+}
+
+absl::StatusOr<StorageDir> CheckpointStore::OpenCheckpoint(
+    absl::string_view job, absl::string_view checkpoint) const {
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(const StorageDir* root, Root());
+  return root->OpenSubdir(absl::StrCat(job, "/", checkpoint));
+}
+
+absl::StatusOr<bool> CheckpointStore::IsMarked(absl::string_view job,
+                                               absl::string_view checkpoint) const {
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  return dir.HasFile(kMarkerFileName);
+}
+
 absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
                                              absl::string_view checkpoint,
                                              uint32_t node_id) const {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
-  RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
   if (checkpoint == kLatestAlias) {
     return absl::InvalidArgumentError(
         "checkpoint name 'latest' is reserved for loading the newest one");
@@ -56,33 +83,64 @@ absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
     return absl::AlreadyExistsError(absl::StrCat(
         "checkpoint ", job, "/", checkpoint, " is already committed"));
   }
-  RETURN_IF_ERROR(MakeDirDurably(root_, job));
-  RETURN_IF_ERROR(MakeDirDurably(JobDir(job), checkpoint));
-  const std::string stale = absl::StrCat(CheckpointDir(job, checkpoint), "/",
-                                         NodeManifestName(node_id));
-  if (::unlink(stale.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("remove stale ", stale));
+  ASSIGN_OR_RETURN(const StorageDir* root, Root());
+  ASSIGN_OR_RETURN(StorageDir job_dir, root->MakeSubdir(job));
+  bool created = false;
+  ASSIGN_OR_RETURN(StorageDir dir, job_dir.MakeSubdir(checkpoint, &created));
+  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
+  if (!marked) {
+    // Another node may have made the directory a moment ago: its marker may
+    // still be a temporary, or may have been renamed into place since the
+    // check above (and its data files may follow). Anything else without a
+    // marker means the directory is not ckptd's.
+    ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
+    const std::string marker_tmp = absl::StrCat(kMarkerFileName, ".tmp.");
+    for (const StorageDir::Entry& e : entries) {
+      if (e.name == kMarkerFileName && e.is_regular) marked = true;
+    }
+    for (const StorageDir::Entry& e : entries) {
+      if (marked || created || absl::StartsWith(e.name, marker_tmp)) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir.path(), " exists and was not created by ckptd (no ", kMarkerFileName,
+          "; it holds ", e.name,
+          "): refusing to save into it; choose another checkpoint name"));
+    }
   }
-  return absl::OkStatus();
+  if (!marked) {
+    // Before any data file: gc and retention delete only marked directories.
+    RETURN_IF_ERROR(WriteFileDurably(dir, kMarkerFileName, kMarkerContent));
+  }
+  return dir.Unlink(NodeManifestName(node_id));
 }
 
-absl::Status CheckpointStore::WriteNodeManifest(
-    const v1::Manifest& manifest) const {
-  return WriteFileDurably(CheckpointDir(manifest.job(), manifest.checkpoint()),
-                          NodeManifestName(manifest.node_id()),
-                          FrameMessage(kNodeManifestMagic, manifest));
+absl::Status CheckpointStore::WriteNodeManifest(const v1::Manifest& manifest,
+                                                FileOps& ops) const {
+  ASSIGN_OR_RETURN(StorageDir dir,
+                   OpenCheckpoint(manifest.job(), manifest.checkpoint()));
+  return WriteFileDurably(dir, NodeManifestName(manifest.node_id()),
+                          FrameMessage(kNodeManifestMagic, manifest), ops);
+}
+
+absl::StatusOr<bool> CheckpointStore::CommitExists(
+    absl::string_view job, absl::string_view checkpoint) const {
+  auto dir = OpenCheckpoint(job, checkpoint);
+  if (!dir.ok()) {
+    if (absl::IsNotFound(dir.status())) return false;
+    return dir.status();
+  }
+  return dir->HasFile(kCommitFileName);
 }
 
 bool CheckpointStore::IsCommitted(absl::string_view job,
                                   absl::string_view checkpoint) const {
-  return Exists(absl::StrCat(CheckpointDir(job, checkpoint), "/",
-                             kCommitFileName));
+  const absl::StatusOr<bool> exists = CommitExists(job, checkpoint);
+  return exists.ok() && *exists;
 }
 
 absl::Status CheckpointStore::WriteCommit(const v1::CommitRecord& record) const {
   const v1::Manifest& index = record.index();
-  return WriteFileDurably(CheckpointDir(index.job(), index.checkpoint()),
-                          kCommitFileName, FrameMessage(kCommitMagic, record));
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(index.job(), index.checkpoint()));
+  return WriteFileDurably(dir, kCommitFileName, FrameMessage(kCommitMagic, record));
 }
 
 absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
@@ -97,82 +155,110 @@ absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
       current->committed_unix_micros() > committed_unix_micros) {
     return absl::OkStatus();
   }
-  return WriteFileDurably(JobDir(job), kLatestFileName,
-                          absl::StrCat(checkpoint, "\n"));
+  ASSIGN_OR_RETURN(StorageDir dir, OpenJob(job));
+  return WriteFileDurably(dir, kLatestFileName, absl::StrCat(checkpoint, "\n"));
 }
 
 absl::StatusOr<std::vector<uint32_t>> CheckpointStore::ListNodeManifests(
     absl::string_view job, absl::string_view checkpoint) const {
-  const std::string dir = CheckpointDir(job, checkpoint);
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
   std::vector<uint32_t> ids;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoToStatus(errno, absl::StrCat("opendir ", dir));
-  while (dirent* e = ::readdir(d)) {
+  for (const StorageDir::Entry& e : entries) {
     // Exactly "node-NNNN.manifest"; temporaries have a longer tail.
-    absl::string_view name = e->d_name;
+    absl::string_view name = e.name;
     uint32_t id = 0;
-    if (absl::ConsumePrefix(&name, "node-") &&
+    if (e.is_regular && absl::ConsumePrefix(&name, "node-") &&
         absl::ConsumeSuffix(&name, ".manifest") && absl::SimpleAtoi(name, &id) &&
-        NodeManifestName(id) == e->d_name) {
+        NodeManifestName(id) == e.name) {
       ids.push_back(id);
     }
   }
-  ::closedir(d);
   std::sort(ids.begin(), ids.end());
   return ids;
 }
 
 absl::StatusOr<v1::Manifest> CheckpointStore::ReadNodeManifest(
     absl::string_view job, absl::string_view checkpoint, uint32_t node_id) const {
-  const std::string path = absl::StrCat(CheckpointDir(job, checkpoint), "/",
-                                        NodeManifestName(node_id));
-  ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(path));
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  const std::string name = NodeManifestName(node_id);
+  const std::string path = dir.PathOf(name);
+  ASSIGN_OR_RETURN(std::string bytes, dir.ReadFile(name, kMaxFramedFileBytes));
   v1::Manifest manifest;
   RETURN_IF_ERROR(ParseFramedMessage(kNodeManifestMagic, bytes, path, &manifest));
+  RETURN_IF_ERROR(ValidateManifest(manifest, path));
+  if (manifest.job() != job || manifest.checkpoint() != checkpoint ||
+      manifest.node_id() != node_id) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": holds the manifest of ", manifest.job(), "/", manifest.checkpoint(),
+        " node ", manifest.node_id()));
+  }
   return manifest;
 }
 
 absl::Status CheckpointStore::RemoveNodePart(
     absl::string_view job, absl::string_view checkpoint, uint32_t node_id,
     const std::vector<std::string>& files) const {
-  const std::string dir = CheckpointDir(job, checkpoint);
   if (IsCommitted(job, checkpoint)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "refusing to remove files of committed checkpoint ", job, "/", checkpoint));
   }
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
   std::vector<std::string> names = files;
   names.push_back(NodeManifestName(node_id));
   for (const std::string& name : names) {
-    const std::string path = absl::StrCat(dir, "/", name);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoToStatus(errno, absl::StrCat("remove ", path));
-    }
+    // Names the planner made; checked anyway, since they become paths.
+    RETURN_IF_ERROR(ValidateStorageName(name, "data file"));
+    RETURN_IF_ERROR(dir.Unlink(name));
   }
   // Other nodes' files keep the directory; that is their part to remove.
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST &&
-      errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("rmdir ", dir));
+  // With only the marker left, the directory goes, marker last.
+  ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
+  for (const StorageDir::Entry& e : entries) {
+    if (e.name != kMarkerFileName) return absl::OkStatus();
   }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
+  return job_dir.RemoveTree(checkpoint, kMarkerFileName);
 }
 
 absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
                                               absl::string_view checkpoint) const {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
-  RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
-  const std::string dir = CheckpointDir(job, checkpoint);
-  const std::string commit = absl::StrCat(dir, "/", kCommitFileName);
-  if (::unlink(commit.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoToStatus(errno, absl::StrCat("remove ", commit));
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
+  if (!marked) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.path(), " was not created by ckptd (no ", kMarkerFileName,
+        "): not deleting it"));
   }
-  RETURN_IF_ERROR(DefaultFileOps().FsyncDir(dir));
-  return RemoveTree(dir);
+  RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
+  RETURN_IF_ERROR(dir.Fsync());
+  ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
+  return job_dir.RemoveTree(checkpoint, kMarkerFileName);
+}
+
+absl::Status CheckpointStore::DeleteUncommitted(absl::string_view job,
+                                                absl::string_view checkpoint) const {
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
+  if (!marked) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.path(), " was not created by ckptd (no ", kMarkerFileName,
+        "): not deleting it"));
+  }
+  ASSIGN_OR_RETURN(bool committed, dir.HasFile(kCommitFileName));
+  if (committed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.path(), " is committed: not deleting it as garbage"));
+  }
+  ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
+  return job_dir.RemoveTree(checkpoint, kMarkerFileName);
 }
 
 absl::StatusOr<std::string> CheckpointStore::ResolveLatest(
     absl::string_view job) const {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
-  auto latest = ReadSmallFile(absl::StrCat(JobDir(job), "/", kLatestFileName));
+  auto dir = OpenJob(job);
+  absl::StatusOr<std::string> latest =
+      dir.ok() ? dir->ReadFile(kLatestFileName, kMaxLatestBytes) : dir.status();
   if (!latest.ok()) {
     if (absl::IsNotFound(latest.status())) {
       return absl::NotFoundError(
@@ -193,38 +279,37 @@ absl::StatusOr<v1::CommitRecord> CheckpointStore::ReadCommit(
   if (checkpoint == kLatestAlias) {
     ASSIGN_OR_RETURN(name, ResolveLatest(job));
   }
-  RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
-  const std::string path =
-      absl::StrCat(CheckpointDir(job, name), "/", kCommitFileName);
-  auto bytes = ReadSmallFile(path);
-  if (!bytes.ok()) {
-    if (absl::IsNotFound(bytes.status())) {
-      return absl::NotFoundError(absl::StrCat("checkpoint ", job, "/", name,
-                                              " does not exist or is not "
-                                              "committed"));
-    }
-    return bytes.status();
-  }
+  auto not_found = [&] {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", job, "/", name,
+                                            " does not exist or is not committed"));
+  };
+  auto dir = OpenCheckpoint(job, name);
+  if (!dir.ok()) return absl::IsNotFound(dir.status()) ? not_found() : dir.status();
+  const std::string path = dir->PathOf(kCommitFileName);
+  auto bytes = dir->ReadFile(kCommitFileName, kMaxFramedFileBytes);
+  if (!bytes.ok()) return absl::IsNotFound(bytes.status()) ? not_found() : bytes.status();
   v1::CommitRecord record;
   RETURN_IF_ERROR(ParseFramedMessage(kCommitMagic, *bytes, path, &record));
+  RETURN_IF_ERROR(ValidateCommitRecord(record, path));
+  // A COMMIT copied from another checkpoint would send readers to that
+  // one's directory while the lease is on this one.
+  if (record.index().job() != job || record.index().checkpoint() != name) {
+    return absl::DataLossError(absl::StrCat(path, ": holds the index of ",
+                                            record.index().job(), "/",
+                                            record.index().checkpoint()));
+  }
   return record;
 }
 
 absl::StatusOr<std::vector<std::string>> CheckpointStore::ListDirs(
-    const std::string& dir) const {
+    const StorageDir& dir) {
+  ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
   std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    if (errno == ENOENT) return names;
-    return ErrnoToStatus(errno, absl::StrCat("opendir ", dir));
+  for (StorageDir::Entry& e : entries) {
+    // A symlink to a directory is not listed: nothing reaches through it.
+    if (!e.is_dir || !ValidateStorageName(e.name, "entry").ok()) continue;
+    names.push_back(std::move(e.name));
   }
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    if (!ValidateStorageName(name, "entry").ok()) continue;
-    if (Exists(absl::StrCat(dir, "/", name, "/.")) ) names.push_back(name);
-  }
-  ::closedir(d);
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -233,14 +318,20 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointStore::List(
     absl::string_view job) const {
   std::vector<std::string> jobs;
   if (job.empty()) {
-    ASSIGN_OR_RETURN(jobs, ListDirs(root_));
+    ASSIGN_OR_RETURN(const StorageDir* root, Root());
+    ASSIGN_OR_RETURN(jobs, ListDirs(*root));
   } else {
     RETURN_IF_ERROR(ValidateStorageName(job, "job"));
     jobs.emplace_back(job);
   }
   std::vector<v1::CheckpointInfo> out;
   for (const std::string& j : jobs) {
-    ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirs(JobDir(j)));
+    auto job_dir = OpenJob(j);
+    if (!job_dir.ok()) {
+      if (absl::IsNotFound(job_dir.status())) continue;
+      return job_dir.status();
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirs(*job_dir));
     auto latest = ResolveLatest(j);
     for (const std::string& name : names) {
       v1::CheckpointInfo info;

@@ -6,10 +6,22 @@
 //   <root>/<job>/<checkpoint>/COMMIT                 written last
 //   <root>/<job>/LATEST                              newest committed name
 //
-// A checkpoint is visible to readers only once its COMMIT exists and parses
-// (invariant 1): List, ReadCommit and ResolveLatest all go through it, so a
-// directory a crashed save left behind is never loaded. Job and checkpoint
-// names are validated here before any path is built (invariant 7).
+// A checkpoint is visible to readers only once its COMMIT exists, parses and
+// passes ValidateCommitRecord (invariant 1): List, ReadCommit and
+// ResolveLatest all go through it, so a directory a crashed save left
+// behind, or a COMMIT with hostile fields, is never loaded. Job and
+// checkpoint names are validated here before any path is built
+// (invariant 7).
+//
+// The root is opened once, when the store is made; every name under it is
+// resolved from that descriptor without following symlinks (StorageDir), so
+// a link planted in the root is refused, never followed.
+//
+// Every checkpoint directory ckptd creates holds a marker file
+// (kMarkerFileName), written durably before any data file. Deletion (gc,
+// retention) removes only marked directories and removes the marker last:
+// a directory someone else put under the root (a DCP checkpoint copied
+// there) is never deleted.
 //
 // Thread-safety: all methods may be called concurrently; callers serialize
 // saves of the same checkpoint (SaveCoordinator does).
@@ -23,32 +35,54 @@
 #include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.pb.h"
 #include "ckpt/v1/manifest.pb.h"
+#include "storage/storage_dir.h"
+#include "storage/durable_file.h"
 
 namespace ckpt {
 
 inline constexpr absl::string_view kCommitFileName = "COMMIT";
 inline constexpr absl::string_view kLatestFileName = "LATEST";
 inline constexpr absl::string_view kLatestAlias = "latest";
+// "ckptd made this checkpoint directory" (docs/FORMAT.md).
+inline constexpr absl::string_view kMarkerFileName = ".ckptd-checkpoint";
+inline constexpr absl::string_view kMarkerContent = "ckptd checkpoint directory, format 1\n";
 
 class CheckpointStore {
  public:
-  explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+  // Opens `root` (which must exist and not be a symlink) once; status()
+  // says whether that worked, and every method fails with it if not.
+  explicit CheckpointStore(std::string root);
 
+  absl::Status status() const { return root_dir_.status(); }
   const std::string& root() const { return root_; }
+  // Paths, for messages only: files are opened through OpenCheckpoint.
   std::string JobDir(absl::string_view job) const;
   std::string CheckpointDir(absl::string_view job,
                             absl::string_view checkpoint) const;
+
+  // The job's or checkpoint's directory, held open, reached from the root
+  // without symlinks; names validated. NotFound if it does not exist.
+  absl::StatusOr<StorageDir> OpenJob(absl::string_view job) const;
+  absl::StatusOr<StorageDir> OpenCheckpoint(absl::string_view job,
+                                            absl::string_view checkpoint) const;
+  // True if the checkpoint directory holds ckptd's marker.
+  absl::StatusOr<bool> IsMarked(absl::string_view job,
+                                absl::string_view checkpoint) const;
 
   // Creates the checkpoint directory for this node's part of a new save.
   // AlreadyExists if the checkpoint is committed. Other nodes may be writing
   // into the same directory, so only this node's leftovers of an earlier,
   // crashed attempt are removed: its node manifest here, its data files as
-  // they are rewritten.
+  // they are rewritten. A directory that exists without ckptd's marker and
+  // holds anything is not ckptd's: FailedPrecondition, nothing written.
   absl::Status PrepareForSave(absl::string_view job, absl::string_view checkpoint,
                               uint32_t node_id) const;
 
   static std::string NodeManifestName(uint32_t node_id);
-  absl::Status WriteNodeManifest(const v1::Manifest& manifest) const;
+  // Writes this node's manifest durably through `ops` (the save's FileOps,
+  // so that a test can fail any step of it).
+  absl::Status WriteNodeManifest(const v1::Manifest& manifest,
+                                 FileOps& ops = DefaultFileOps()) const;
   // Node ids whose manifest exists in the checkpoint directory.
   absl::StatusOr<std::vector<uint32_t>> ListNodeManifests(
       absl::string_view job, absl::string_view checkpoint) const;
@@ -56,8 +90,14 @@ class CheckpointStore {
                                                 absl::string_view checkpoint,
                                                 uint32_t node_id) const;
   // Deletes a committed checkpoint: COMMIT first (durably), so readers stop
-  // seeing it atomically, then its files.
+  // seeing it atomically, then its files, the marker last.
+  // FailedPrecondition, nothing deleted, if the directory has no marker.
   absl::Status DeleteCommitted(absl::string_view job, absl::string_view checkpoint) const;
+  // Deletes an uncommitted checkpoint directory (gc), the marker last.
+  // FailedPrecondition, nothing deleted, if it has no marker or is
+  // committed.
+  absl::Status DeleteUncommitted(absl::string_view job,
+                                 absl::string_view checkpoint) const;
 
   // Removes what one node wrote for an uncommitted checkpoint (`files` and
   // its manifest), then the directory if that left it empty.
@@ -65,7 +105,8 @@ class CheckpointStore {
                               uint32_t node_id,
                               const std::vector<std::string>& files) const;
 
-  // True if the checkpoint's COMMIT file exists (a stat, for fast checks).
+  // True if the checkpoint's COMMIT file exists as a regular file (no
+  // parse, for fast checks); false also when it cannot be told.
   bool IsCommitted(absl::string_view job, absl::string_view checkpoint) const;
 
   // Writes COMMIT durably: from here on the checkpoint is committed.
@@ -91,8 +132,16 @@ class CheckpointStore {
       absl::string_view job) const;
 
  private:
-  absl::StatusOr<std::vector<std::string>> ListDirs(const std::string& dir) const;
+  absl::StatusOr<const StorageDir*> Root() const;
+  // Whether COMMIT exists as a regular file; an error if it cannot be told
+  // (a symlink under its name, a checkpoint directory that is a symlink).
+  absl::StatusOr<bool> CommitExists(absl::string_view job,
+                                    absl::string_view checkpoint) const;
+  // Names of the real subdirectories of `dir` with valid storage names.
+  static absl::StatusOr<std::vector<std::string>> ListDirs(const StorageDir& dir);
+
   const std::string root_;
+  const absl::StatusOr<StorageDir> root_dir_;
   // Serializes LATEST updates, so concurrent commits cannot interleave.
   mutable absl::Mutex latest_mu_;
 };

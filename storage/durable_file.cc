@@ -7,8 +7,6 @@
 #include <atomic>
 #include <random>
 #include <cerrno>
-#include <filesystem>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -16,11 +14,11 @@
 
 namespace ckpt {
 
-absl::StatusOr<int> FileOps::CreateExclusive(const std::string& path) {
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", path));
-  return fd;
+absl::StatusOr<int> FileOps::CreateExclusive(const StorageDir& dir,
+                                             const std::string& name) {
+  ASSIGN_OR_RETURN(UniqueFd fd,
+                   dir.OpenFile(name, O_WRONLY | O_CREAT | O_EXCL, 0644));
+  return fd.release();
 }
 
 absl::Status FileOps::WriteAll(int fd, absl::string_view bytes,
@@ -49,47 +47,53 @@ absl::Status FileOps::Truncate(int fd, uint64_t size, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status FileOps::Rename(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("rename ", from, " to ", to));
+absl::Status FileOps::Rename(const StorageDir& dir, const std::string& from,
+                            const std::string& to) {
+  if (::renameat(dir.fd(), from.c_str(), dir.fd(), to.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", dir.PathOf(from), " to ",
+                                             dir.PathOf(to)));
   }
   return absl::OkStatus();
 }
 
-absl::Status FileOps::FsyncDir(const std::string& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open dir ", dir));
-  if (::fsync(fd.get()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("fsync dir ", dir));
-  }
-  return absl::OkStatus();
-}
+absl::Status FileOps::FsyncDir(const StorageDir& dir) { return dir.Fsync(); }
 
 FileOps& DefaultFileOps() {
   static FileOps ops;
   return ops;
 }
 
-absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
+absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
                               absl::string_view bytes, FileOps& ops) {
-  const std::string path = absl::StrCat(dir, "/", name);
   // pid, a random per-process salt (daemons on different machines can share
   // a pid and a directory) and a counter: unique among all writers.
   static const uint64_t salt = std::random_device()() * uint64_t{0x9e3779b97f4a7c15};
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
+  const std::string target(name);
+  const std::string tmp = absl::StrCat(name, ".tmp.", ::getpid(), ".",
                                        absl::Hex(salt), ".", counter.fetch_add(1));
-  ASSIGN_OR_RETURN(int raw_fd, ops.CreateExclusive(tmp));
+  const std::string tmp_path = dir.PathOf(tmp);
+  ASSIGN_OR_RETURN(int raw_fd, ops.CreateExclusive(dir, tmp));
   UniqueFd fd(raw_fd);
-  absl::Status status = ops.WriteAll(fd.get(), bytes, tmp);
-  if (status.ok()) status = ops.Fsync(fd.get(), tmp);
+  absl::Status status = ops.WriteAll(fd.get(), bytes, tmp_path);
+  if (status.ok()) status = ops.Fsync(fd.get(), tmp_path);
   fd.reset();
-  if (status.ok()) status = ops.Rename(tmp, path);
+  // renameat replaces whatever `name` is, a planted symlink included, and
+  // never writes through it.
+  if (status.ok()) status = ops.Rename(dir, tmp, target);
   if (!status.ok()) {
-    ::unlink(tmp.c_str());  // best effort: a stray temporary is harmless
+    // Best effort: a stray temporary is harmless, and the error to report
+    // is the step's.
+    dir.Unlink(tmp).IgnoreError();
     return status;
   }
   return ops.FsyncDir(dir);
+}
+
+absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
+                              absl::string_view bytes, FileOps& ops) {
+  ASSIGN_OR_RETURN(StorageDir open, StorageDir::OpenRoot(dir));
+  return WriteFileDurably(open, name, bytes, ops);
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
@@ -110,19 +114,8 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
 }
 
 absl::Status MakeDirDurably(const std::string& parent, absl::string_view name) {
-  const std::string path = absl::StrCat(parent, "/", name);
-  if (::mkdir(path.c_str(), 0755) != 0) {
-    if (errno == EEXIST) return absl::OkStatus();
-    return ErrnoToStatus(errno, absl::StrCat("mkdir ", path));
-  }
-  return DefaultFileOps().FsyncDir(parent);
-}
-
-absl::Status RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return ErrnoToStatus(ec.value(), absl::StrCat("remove ", path));
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(StorageDir dir, StorageDir::OpenRoot(parent));
+  return dir.MakeSubdir(name).status();
 }
 
 }  // namespace ckpt

@@ -18,6 +18,12 @@
 // exact size, fsync: save/shard_writer.cc). Their bulk writes go through
 // io/'s IoQueue instead, which sits below storage/ and has its own seam.
 //
+// Every name is resolved beneath an open StorageDir without following
+// symlinks (storage/storage_dir.h): the temporary is created O_EXCL beneath
+// the directory descriptor, renamed within it, and the same descriptor is
+// fsynced, so a link planted under the final or the temporary name is
+// neither followed nor written through.
+//
 // Thread-safety: the functions are; FileOps implementations must be.
 #pragma once
 
@@ -27,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "storage/storage_dir.h"
 
 namespace ckpt {
 
@@ -34,31 +41,39 @@ namespace ckpt {
 class FileOps {
  public:
   virtual ~FileOps() = default;
-  virtual absl::StatusOr<int> CreateExclusive(const std::string& path);
+  // Creates `name` in `dir` O_EXCL (a symlink under the name is not
+  // followed: EEXIST).
+  virtual absl::StatusOr<int> CreateExclusive(const StorageDir& dir,
+                                              const std::string& name);
   virtual absl::Status WriteAll(int fd, absl::string_view bytes,
                                 const std::string& path);
   virtual absl::Status Fsync(int fd, const std::string& path);
   // Sets the size of the open file `fd` (named `path` in errors).
   virtual absl::Status Truncate(int fd, uint64_t size, const std::string& path);
-  virtual absl::Status Rename(const std::string& from, const std::string& to);
-  virtual absl::Status FsyncDir(const std::string& dir);
+  // renameat within `dir`.
+  virtual absl::Status Rename(const StorageDir& dir, const std::string& from,
+                              const std::string& to);
+  virtual absl::Status FsyncDir(const StorageDir& dir);
 };
 
 // The real syscalls.
 FileOps& DefaultFileOps();
 
+absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
+                              absl::string_view bytes,
+                              FileOps& ops = DefaultFileOps());
+// The same in the directory at `dir` (a trusted path: the root itself or a
+// test's directory; opened like StorageDir::OpenRoot).
 absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
                               absl::string_view bytes,
                               FileOps& ops = DefaultFileOps());
 
-// Reads a whole (small) file.
+// Reads a whole (small) file at a trusted path (/proc, a test's file).
+// Names under the storage root are read with StorageDir::ReadFile.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 
 // mkdir that succeeds if the directory exists; then fsyncs the parent so the
-// new entry is durable.
+// new entry is durable. `parent` is a trusted path.
 absl::Status MakeDirDurably(const std::string& parent, absl::string_view name);
-
-// Removes a directory tree (used for uncommitted leftovers and retention).
-absl::Status RemoveTree(const std::string& path);
 
 }  // namespace ckpt

@@ -3,16 +3,16 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "storage/durable_file.h"
 
 namespace ckpt {
 
-absl::StatusOr<std::vector<std::string>> CollectGarbage(
+absl::StatusOr<GarbageCollection> CollectGarbage(
     const CheckpointStore& store, absl::string_view job,
     const std::function<bool(const std::string&, const std::string&)>& in_flight) {
   ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, store.List(job));
@@ -22,26 +22,44 @@ absl::StatusOr<std::vector<std::string>> CollectGarbage(
     int64_t& t = newest[info.job()];
     t = std::max(t, info.committed_unix_micros());
   }
-  std::vector<std::string> removed;
+  GarbageCollection result;
   for (const auto& info : all) {
     auto it = newest.find(info.job());
     if (info.committed() || it == newest.end()) continue;
-    const std::string dir = store.CheckpointDir(info.job(), info.checkpoint());
+    const std::string key = absl::StrCat(info.job(), "/", info.checkpoint());
+    auto dir = store.OpenCheckpoint(info.job(), info.checkpoint());
+    if (!dir.ok()) continue;  // gone since it was listed
+    // Only what ckptd made: a directory someone copied under the root (a
+    // DCP checkpoint) has no marker and is reported, never deleted.
+    const absl::StatusOr<bool> marked = dir->HasFile(kMarkerFileName);
+    if (!marked.ok() || !*marked) {
+      result.left.push_back(absl::StrCat(
+          key, ": not created by ckptd (no ", kMarkerFileName,
+          marked.ok() ? ")" : absl::StrCat(": ", marked.status().ToString(), ")")));
+      LogWarning("gc: leaving ", result.left.back());
+      continue;
+    }
     struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) continue;
+    if (::fstat(dir->fd(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("stat ", dir->path()));
+    }
     const int64_t modified =
         int64_t{st.st_mtim.tv_sec} * 1'000'000 + st.st_mtim.tv_nsec / 1000;
     if (modified >= it->second) continue;  // may still be in progress elsewhere
-    if (in_flight(info.job(), info.checkpoint()) ||
-        store.IsCommitted(info.job(), info.checkpoint())) {
+    if (in_flight(info.job(), info.checkpoint())) continue;
+    // DeleteUncommitted checks the marker and COMMIT again right before it
+    // removes anything.
+    absl::Status status = store.DeleteUncommitted(info.job(), info.checkpoint());
+    if (absl::IsFailedPrecondition(status)) {
+      result.left.push_back(absl::StrCat(key, ": ", status.message()));
+      LogWarning("gc: leaving ", result.left.back());
       continue;
     }
-    RETURN_IF_ERROR(RemoveTree(dir));
-    const std::string key = absl::StrCat(info.job(), "/", info.checkpoint());
+    RETURN_IF_ERROR(status);
     LogInfo("gc: removed uncommitted ", key);
-    removed.push_back(key);
+    result.removed.push_back(key);
   }
-  return removed;
+  return result;
 }
 
 }  // namespace ckpt

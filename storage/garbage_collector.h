@@ -10,6 +10,10 @@
 // new save that reuses such an old name while gc runs may lose files to it
 // and fail; the retry succeeds.)
 //
+// Only directories ckptd made are removed: one without the marker
+// (kMarkerFileName), such as a DCP checkpoint a user copied under the root,
+// is logged and left alone, as is a symlink (never listed).
+//
 // Thread-safety: safe from any thread; `in_flight` is called per candidate.
 #pragma once
 
@@ -23,10 +27,14 @@
 
 namespace ckpt {
 
-// Removes the garbage of `job` (every job if empty); returns "job/name" of
-// each removed checkpoint. `in_flight(job, name)` is true for checkpoints
-// this daemon is writing.
-absl::StatusOr<std::vector<std::string>> CollectGarbage(
+struct GarbageCollection {
+  std::vector<std::string> removed;  // "job/name" of each removed checkpoint
+  std::vector<std::string> left;     // "job/name: why" of each one left
+};
+
+// Removes the garbage of `job` (every job if empty). `in_flight(job, name)`
+// is true for checkpoints this daemon is writing.
+absl::StatusOr<GarbageCollection> CollectGarbage(
     const CheckpointStore& store, absl::string_view job,
     const std::function<bool(const std::string&, const std::string&)>& in_flight);
 

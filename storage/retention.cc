@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/log.h"
 #include "common/status.h"
 
@@ -28,6 +30,15 @@ absl::StatusOr<std::vector<std::string>> ApplyRetention(const CheckpointStore& s
   for (size_t i = keep_last; i < committed.size(); ++i) {
     const std::string& name = committed[i].checkpoint();
     if (committed[i].latest()) continue;  // never, even with skewed clocks
+    // Only what ckptd made (a committed checkpoint copied here from another
+    // root by hand, or one from before markers, stays).
+    const absl::StatusOr<bool> marked = store.IsMarked(job, name);
+    if (!marked.ok() || !*marked) {
+      LogWarning("retention: leaving ", job, "/", name, ": not created by ckptd (no ",
+                 kMarkerFileName,
+                 marked.ok() ? ")" : absl::StrCat(": ", marked.status().ToString(), ")"));
+      continue;
+    }
     if (!leases.ClaimForDeletion(job, name)) {
       LogInfo("retention: ", job, "/", name, " is being read; deleting it later");
       continue;

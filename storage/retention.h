@@ -7,7 +7,8 @@
 // left by a crash, are not touched (that is `ckptctl gc`). A checkpoint a
 // load of this daemon is reading is skipped (CheckpointLeases) and goes at a
 // later pass. Deletion removes COMMIT first, so the checkpoint disappears
-// for readers atomically before its files do.
+// for readers atomically before its files do. A directory without ckptd's
+// marker (kMarkerFileName) is logged and never deleted.
 //
 // Thread-safety: safe to call from any thread; concurrent passes over the
 // same job are harmless (deletion is idempotent).

@@ -27,7 +27,11 @@ namespace fs = std::filesystem;
 // A store rooted in a subdirectory of a temp dir, so a name that escaped
 // the root would land in the (checked) temp dir rather than somewhere real.
 struct StoreFixture {
-  StoreFixture() { REQUIRE(fs::create_directory(root)); }
+  // The root exists before the store opens it (once, at construction).
+  static std::string MakeRoot(const TempDir& tmp) {
+    REQUIRE(fs::create_directory(tmp.File("root")));
+    return tmp.File("root");
+  }
 
   std::string CommitPath(absl::string_view job,
                          absl::string_view checkpoint) const {
@@ -59,9 +63,13 @@ struct StoreFixture {
   }
 
   TempDir tmp;
-  std::string root = tmp.File("root");
+  std::string root = MakeRoot(tmp);
   CheckpointStore store{root};
 };
+
+// Each file of MakeManifest holds a 4096-byte header and a 16-byte chunk
+// (the first file's) before the `file_sizes` bytes the test asks for.
+constexpr uint64_t kFileBase = 4096 + 16;
 
 v1::Manifest MakeManifest(const std::string& job, const std::string& checkpoint,
                           uint32_t node_id,
@@ -71,13 +79,15 @@ v1::Manifest MakeManifest(const std::string& job, const std::string& checkpoint,
   m.set_job(job);
   m.set_checkpoint(checkpoint);
   m.set_node_id(node_id);
+  m.set_nodes(node_id + 1);
   m.set_world_size(4);
+  m.add_replica_sets()->add_ranks(0);
   m.set_checksum_block_bytes(1 << 20);
   m.set_created_unix_micros(1700000000000000);
   for (size_t i = 0; i < file_sizes.size(); ++i) {
     v1::DataFile* f = m.add_files();
     f->set_name(absl::StrCat("shard-", i, ".safetensors"));
-    f->set_size(file_sizes[i]);
+    f->set_size(kFileBase + file_sizes[i]);
     f->set_data_start(4096);
     f->set_rank(static_cast<uint32_t>(i));
   }
@@ -168,7 +178,9 @@ TEST_CASE("PrepareForSave creates an empty checkpoint directory under its job",
   const std::string dir = f.store.CheckpointDir("job-a", "step-100");
   CHECK(dir == f.root + "/job-a/step-100");
   CHECK(fs::is_directory(dir));
-  CHECK(fs::is_empty(dir));
+  // Nothing but ckptd's marker.
+  CHECK(std::vector<fs::path>(fs::directory_iterator(dir), fs::directory_iterator()) ==
+        std::vector<fs::path>{dir + "/" + std::string(kMarkerFileName)});
   CHECK_FALSE(f.store.IsCommitted("job-a", "step-100"));
 }
 
@@ -406,14 +418,14 @@ TEST_CASE(
   CHECK((l[0].job() == "job-a" && l[0].checkpoint() == "step-1"));
   CHECK(l[0].committed());
   CHECK_FALSE(l[0].latest());
-  CHECK(l[0].total_bytes() == 3003);
+  CHECK(l[0].total_bytes() == 3003 + 3 * kFileBase);
   CHECK(l[0].world_size() == 4);
   CHECK(l[0].committed_unix_micros() == 22);
 
   CHECK((l[1].job() == "job-a" && l[1].checkpoint() == "step-2"));
   CHECK(l[1].committed());
   CHECK(l[1].latest());
-  CHECK(l[1].total_bytes() == 5);
+  CHECK(l[1].total_bytes() == 5 + kFileBase);
   CHECK(l[1].committed_unix_micros() == 33);
 
   CHECK((l[2].job() == "job-a" && l[2].checkpoint() == "step-3"));
@@ -424,7 +436,7 @@ TEST_CASE(
   CHECK((l[3].job() == "job-b" && l[3].checkpoint() == "step-1"));
   CHECK(l[3].committed());
   CHECK(l[3].latest());
-  CHECK(l[3].total_bytes() == 123);
+  CHECK(l[3].total_bytes() == 123 + 2 * kFileBase);
 
   const std::vector<v1::CheckpointInfo> only_b = f.MustList("job-b");
   REQUIRE(only_b.size() == 1);

@@ -73,11 +73,12 @@ class FailingFileOps final : public FileOps {
         absl::StrCat("injected failure of ", StepName(fail_)));
   }
 
-  absl::StatusOr<int> CreateExclusive(const std::string& path) override {
+  absl::StatusOr<int> CreateExclusive(const StorageDir& dir,
+                                      const std::string& name) override {
     calls.push_back(Step::kCreateExclusive);
-    created_path = path;
+    created_path = dir.PathOf(name);
     if (fail_ == Step::kCreateExclusive) return Injected();
-    absl::StatusOr<int> fd = FileOps::CreateExclusive(path);
+    absl::StatusOr<int> fd = FileOps::CreateExclusive(dir, name);
     if (fd.ok()) created_fd = *fd;
     return fd;
   }
@@ -98,16 +99,17 @@ class FailingFileOps final : public FileOps {
     if (fail_ == Step::kFsync) return Injected();
     return FileOps::Fsync(fd, path);
   }
-  absl::Status Rename(const std::string& from, const std::string& to) override {
+  absl::Status Rename(const StorageDir& dir, const std::string& from,
+                      const std::string& to) override {
     calls.push_back(Step::kRename);
-    renamed_from = from;
-    renamed_to = to;
+    renamed_from = dir.PathOf(from);
+    renamed_to = dir.PathOf(to);
     if (fail_ == Step::kRename) return Injected();
-    return FileOps::Rename(from, to);
+    return FileOps::Rename(dir, from, to);
   }
-  absl::Status FsyncDir(const std::string& dir) override {
+  absl::Status FsyncDir(const StorageDir& dir) override {
     calls.push_back(Step::kFsyncDir);
-    synced_dir = dir;
+    synced_dir = dir.path();
     if (fail_ == Step::kFsyncDir) return Injected();
     return FileOps::FsyncDir(dir);
   }
@@ -311,10 +313,86 @@ TEST_CASE(
   REQUIRE(MakeDirDurably(dir.File("ckpt"), "sub").ok());
   REQUIRE(WriteFileDurably(dir.File("ckpt"), "a", "1").ok());
   REQUIRE(WriteFileDurably(dir.File("ckpt") + "/sub", "b", "2").ok());
+  absl::StatusOr<StorageDir> root = StorageDir::OpenRoot(dir.path());
+  REQUIRE(root.ok());
 
-  REQUIRE(RemoveTree(dir.File("ckpt")).ok());
+  REQUIRE(root->RemoveTree("ckpt").ok());
   CHECK_FALSE(std::filesystem::exists(dir.File("ckpt")));
-  CHECK(RemoveTree(dir.File("ckpt")).ok());
+  CHECK(root->RemoveTree("ckpt").ok());
+}
+
+// A directory outside the "root" with one file, and a TempDir root.
+struct OutsideFixture {
+  TempDir root, outside;
+  OutsideFixture() { REQUIRE(WriteFileDurably(outside.path(), "precious", "keep").ok()); }
+  void Link(const std::string& name, const std::string& target) {
+    REQUIRE(::symlink(target.c_str(), root.File(name).c_str()) == 0);
+  }
+};
+
+TEST_CASE(
+    "RemoveTree unlinks a symlink inside the tree and at its top as a link "
+    "and never deletes what it points to",
+    "[durable_file][hostile]") {
+  OutsideFixture f;
+  REQUIRE(MakeDirDurably(f.root.path(), "ckpt").ok());
+  REQUIRE(::symlink(f.outside.path().c_str(), (f.root.File("ckpt") + "/sub").c_str()) == 0);
+  f.Link("linked", f.outside.path());
+  absl::StatusOr<StorageDir> root = StorageDir::OpenRoot(f.root.path());
+  REQUIRE(root.ok());
+
+  REQUIRE(root->RemoveTree("ckpt").ok());
+  REQUIRE(root->RemoveTree("linked").ok());
+  CHECK_FALSE(std::filesystem::exists(f.root.File("ckpt")));
+  CHECK_FALSE(std::filesystem::is_symlink(f.root.File("linked")));
+  CHECK(MustRead(f.outside.File("precious")) == "keep");
+}
+
+TEST_CASE(
+    "WriteFileDurably replaces a symlink planted under the target name "
+    "and never writes through it",
+    "[durable_file][hostile]") {
+  OutsideFixture f;
+  f.Link("LATEST", f.outside.File("precious"));
+  REQUIRE(WriteFileDurably(f.root.path(), "LATEST", "step-2\n").ok());
+  CHECK_FALSE(std::filesystem::is_symlink(f.root.File("LATEST")));
+  CHECK(MustRead(f.root.File("LATEST")) == "step-2\n");
+  CHECK(MustRead(f.outside.File("precious")) == "keep");
+}
+
+TEST_CASE(
+    "StorageDir refuses to open, read or enter through a symlink, and "
+    "refuses names that climb out",
+    "[durable_file][hostile]") {
+  OutsideFixture f;
+  f.Link("file", f.outside.File("precious"));
+  f.Link("dir", f.outside.path());
+  absl::StatusOr<StorageDir> root = StorageDir::OpenRoot(f.root.path());
+  REQUIRE(root.ok());
+
+  CHECK(root->ReadFile("file", 1 << 20).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(root->OpenSubdir("dir").status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(root->ReadFile("dir/precious", 1 << 20).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(root->MakeSubdir("dir").status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(root->OpenFile("../x", O_RDONLY).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(StorageDir::OpenRoot(f.root.File("dir")).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  const absl::StatusOr<bool> has = root->HasFile("file");
+  CHECK(has.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(MustRead(f.outside.File("precious")) == "keep");
+}
+
+TEST_CASE("StorageDir::ReadFile refuses a file larger than its limit",
+          "[durable_file][hostile]") {
+  TempDir dir;
+  REQUIRE(WriteFileDurably(dir.path(), "big", std::string(5000, 'x')).ok());
+  absl::StatusOr<StorageDir> root = StorageDir::OpenRoot(dir.path());
+  REQUIRE(root.ok());
+  CHECK(root->ReadFile("big", 4096).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(root->ReadFile("big", 5000).ok());
 }
 
 }  // namespace

@@ -25,10 +25,19 @@ struct Fixture {
     REQUIRE(store.PrepareForSave("job", name, 0).ok());
     v1::CommitRecord record;
     record.set_format_version(1);
+    record.add_node_manifests("node-0000.manifest");
     v1::Manifest& index = *record.mutable_index();
+    index.set_format_version(1);
     index.set_job("job");
     index.set_checkpoint(name);
-    index.add_files()->set_name("data.safetensors");
+    index.set_nodes(1);
+    index.set_world_size(1);
+    index.set_checksum_block_bytes(1 << 20);
+    index.add_replica_sets()->add_ranks(0);
+    v1::DataFile* file = index.add_files();
+    file->set_name("data.safetensors");
+    file->set_size(4096);
+    file->set_data_start(4096);
     record.set_committed_unix_micros(micros);
     REQUIRE(store.WriteCommit(record).ok());
     REQUIRE(store.UpdateLatest("job", name, micros).ok());
@@ -91,6 +100,33 @@ TEST_CASE("a checkpoint claimed for deletion cannot be leased", "[retention]") {
   leases.Deleted("job", "a");
   CHECK(leases.Acquire("job", "a").ok());
   CHECK_FALSE(leases.ClaimForDeletion("job", "a"));
+}
+
+TEST_CASE(
+    "retention never deletes a committed checkpoint directory ckptd did not "
+    "create, and deletes the others",
+    "[retention][hostile]") {
+  Fixture f;
+  f.Commit("a", 100);
+  f.Commit("b", 200);
+  f.Commit("c", 300);
+  // "a" as if copied in by hand from another root: no marker.
+  REQUIRE(fs::remove(f.store.CheckpointDir("job", "a") + "/" + std::string(kMarkerFileName)));
+  auto deleted = ApplyRetention(f.store, f.leases, "job", 1);
+  REQUIRE(deleted.ok());
+  CHECK(*deleted == std::vector<std::string>{"b"});
+  CHECK(f.Exists("a"));
+  CHECK(f.store.IsCommitted("job", "a"));
+  CHECK_FALSE(f.Exists("b"));
+}
+
+TEST_CASE("DeleteCommitted refuses a directory without ckptd's marker",
+          "[retention][hostile]") {
+  Fixture f;
+  f.Commit("a", 100);
+  REQUIRE(fs::remove(f.store.CheckpointDir("job", "a") + "/" + std::string(kMarkerFileName)));
+  CHECK(f.store.DeleteCommitted("job", "a").code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(f.store.IsCommitted("job", "a"));
 }
 
 TEST_CASE("DeleteCommitted makes the checkpoint invisible and removes its files",

@@ -1,5 +1,9 @@
 """ckptd: save and restore a trainer's state through the node's ckptd daemon.
 
+PyTorch users start with `ckptd.torch` (async_save / save / load shaped like
+torch.distributed.checkpoint, taking what get_state_dict returns). This
+module is the layer below it: flat state dicts of tensors and shards.
+
     import ckptd
     client = ckptd.Client("llama", rank=rank, world_size=world)
     handle = client.save("step-00001000", state_dict, byte_items={"rng": rng})
@@ -118,7 +122,9 @@ class SaveHandle:
 
     def __init__(self, handle, keep_alive):
         self._handle = handle
-        self._keep_alive = keep_alive  # the tensors the daemon still reads
+        # The tensors themselves (not the caller's dict, which it may change):
+        # the daemon reads their memory until STAGED.
+        self._keep_alive = keep_alive
 
     def wait_staged(self) -> None:
         """Returns once every byte is copied out; raises if the save failed."""
@@ -155,14 +161,20 @@ class Client:
         copies of them (all ranks, for DDP); default this rank alone.
         """
         items = self._items(state_dict, replicas)
+        handle = self._submit(checkpoint, items, dict(byte_items or {}))
+        return SaveHandle(handle, [getattr(v, "tensor", v) for v in state_dict.values()])
+
+    def _submit(self, checkpoint: str, items: list, byte_items: dict):
+        """Saves `items` (tensor item dicts, see ckpt_module.cc) under a
+        layout defined once per distinct item list; returns the binding's
+        save handle."""
         key = tuple(tuple((k, tuple(v) if isinstance(v, list) else v)
                           for k, v in sorted(i.items())) for i in items)
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._client.define_layout(items)
             self._layouts[key] = layout
-        handle = self._client.save(checkpoint, layout, dict(byte_items or {}))
-        return SaveHandle(handle, state_dict)
+        return self._client.save(checkpoint, layout, byte_items)
 
     def load(self, checkpoint: str, state_dict: Mapping[str, Any], *,
              byte_items: Iterable[str] = (), allow_missing: bool = False) -> dict:

@@ -1,0 +1,144 @@
+"""Which ranks hold each plain tensor and value, and whether they agree.
+
+DCP's rule, which users rely on: a plain tensor or a Python value saved
+under the same fqn on several ranks is replicated state, written once (the
+optimizer's per-parameter `step`, learning rates, a DDP model). The daemon
+writes a chunk once if every holder declares the same replica set, so each
+rank must learn which ranks hold each of its fqns. A DTensor's replicas come
+from its mesh; plain leaves are the ones exchanged here.
+
+Each rank describes every plain leaf by a small tuple: its kind, dtype and
+shape (or pickled length), and a digest of its bytes (values always; plain
+tensors up to `check_bytes`, since hashing a large replicated tensor on
+every save would cost the trainer what ckptd saves it). Ranks then:
+
+1. all-gather one 16-byte digest of their whole description (one small
+   collective, the common case: every rank holds the same leaves with the
+   same bytes, so every leaf is held by the whole group);
+2. only if those differ, all-gather the descriptions themselves and find,
+   per fqn, its holders, and whether they disagree.
+
+Every rank sees the same gathered data and so reaches the same verdict:
+either all ranks submit the save, or none does, each raising the same
+error, which names the fqn. A rank whose own input is bad (a GPU tensor, an
+unsupported dtype) takes part with its error instead of a description, so
+that its peers fail too rather than wait for it. Replicas that disagree are
+caught before any byte is written, so the previous checkpoint stays LATEST.
+
+The bytes of replicated tensors above `check_bytes` and of HSDP-replicated
+DTensor shards are not compared: the daemon reads one replica only.
+
+Thread-safety: one call at a time per process group, on the thread that
+issues the group's other collectives (as for any torch.distributed call).
+"""
+
+import pickle
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ckptd import values as values_mod
+
+
+class ReplicaMismatchError(ValueError):
+    """Ranks hold different state under the same fqn."""
+
+
+class SaveInputError(ValueError):
+    """A rank's state dict cannot be saved (the message names rank and fqn)."""
+
+
+Descriptions = Dict[str, tuple]
+
+
+def describe_tensor(t: torch.Tensor, dtype_name: str, check_bytes: int) -> tuple:
+    nbytes = t.numel() * t.element_size()
+    digest = None
+    if nbytes <= check_bytes:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        digest = values_mod.digest(raw)
+    return ("tensor", dtype_name, tuple(t.shape), digest)
+
+
+class ReplicaExchange:
+    """The exchange over one process group (None: the default group; no
+    torch.distributed: this process alone)."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+        self._dist = dist if dist.is_available() and dist.is_initialized() else None
+        self._group = group
+        if self._dist is None:
+            self.ranks, self.rank = [0], 0
+            return
+        self.rank = dist.get_rank()
+        self.ranks = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
+        backend = str(dist.get_backend(group))
+        self._device = (torch.device("cuda", torch.cuda.current_device())
+                        if "nccl" in backend else torch.device("cpu"))
+
+    def exchange(self, local: Descriptions, error: Optional[str]
+                 ) -> Tuple[Dict[str, List[int]], Descriptions]:
+        """({fqn: holders (global ranks)}, {fqn: the holders' description})
+        over every rank's leaves. Raises SaveInputError if any rank's input
+        is bad, ReplicaMismatchError if holders of an fqn disagree."""
+        if self._dist is None or len(self.ranks) == 1:
+            if error is not None:
+                raise SaveInputError(error)
+            return {fqn: [self.rank] for fqn in local}, dict(local)
+        mine = (error, sorted(local.items()))
+        key = values_mod.digest(pickle.dumps(mine, protocol=4))
+        keys = self._all_gather_key(key)
+        if error is None and all(k == key for k in keys):
+            return {fqn: list(self.ranks) for fqn in local}, dict(local)
+        gathered = [None] * len(self.ranks)
+        self._dist.all_gather_object(gathered, mine, group=self._group)
+        return _merge(dict(zip(self.ranks, gathered)))
+
+    def _all_gather_key(self, key: bytes) -> List[bytes]:
+        mine = torch.frombuffer(bytearray(key), dtype=torch.int64).to(self._device)
+        out = [torch.empty_like(mine) for _ in self.ranks]
+        self._dist.all_gather(out, mine, group=self._group)
+        return [t.cpu().numpy().tobytes() for t in out]
+
+
+def _merge(by_rank: Dict[int, tuple]) -> Tuple[Dict[str, List[int]], Descriptions]:
+    errors = [f"rank {r}: {e}" for r, (e, _) in sorted(by_rank.items()) if e is not None]
+    if errors:
+        raise SaveInputError("; ".join(errors))
+    holders: Dict[str, Dict[tuple, List[int]]] = {}
+    for rank, (_, items) in sorted(by_rank.items()):
+        for fqn, description in items:
+            holders.setdefault(fqn, {}).setdefault(description, []).append(rank)
+    merged: Descriptions = {}
+    ranks: Dict[str, List[int]] = {}
+    for fqn in sorted(holders):
+        variants = holders[fqn]
+        if len(variants) > 1:
+            raise ReplicaMismatchError(_disagreement(fqn, variants))
+        (description, members), = variants.items()
+        merged[fqn] = description
+        ranks[fqn] = members
+    return ranks, merged
+
+
+def _show(d: tuple) -> str:
+    if d[0] == "tensor":
+        return f"a {d[1]} tensor of shape {list(d[2])}"
+    if d[0] == "value":
+        return f"a Python value of {d[2]} pickled bytes"
+    return f"an alias of {d[1].base}"
+
+
+def _disagreement(fqn: str, variants: Dict[tuple, List[int]]) -> str:
+    shown = {_show(d) for d in variants}
+    if len(shown) == 1:
+        what = "different bytes" if next(iter(variants))[0] == "tensor" else "different values"
+        parts = "; ".join(f"ranks {r}" for r in variants.values())
+        detail = f"{parts} hold {what}"
+    else:
+        detail = "; ".join(f"ranks {r} hold {_show(d)}" for d, r in variants.items())
+    return (f"replicas disagree on {fqn!r}: {detail}. A plain tensor or value "
+            f"under one fqn on several ranks is replicated state, saved once, "
+            f"so it must be equal on every rank; give per-rank state per-rank "
+            f"fqns. Nothing was saved; the previous checkpoint is unchanged.")

@@ -1,0 +1,84 @@
+"""ckptd.torch: torch.distributed.checkpoint's save, async_save and load,
+through the node's ckptd daemon.
+
+    import ckptd.torch as ckpt
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "step": step, "rng": rng_state}
+    response = ckpt.async_save(state, checkpoint_id=f"step-{step:08d}", job="llama")
+    response.staging_completion.result()   # before the next optimizer.step()
+    ...
+    ckpt.load(state, checkpoint_id="latest", job="llama")   # in place
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+
+What DCP takes, this takes: nested dicts and lists (named by the dotted fqns
+DCP's flatten_state_dict gives, so DCP reads the tensors under the same
+names), DTensors (FSDP2, HSDP; empty local shards included), plain tensors
+of any strides, and Python values, pickled. As with DCP, a plain tensor or
+value under one fqn on several ranks is replicated state, written once;
+unlike DCP, replicas that hold different values fail the save, naming the
+fqn, instead of one of them being kept silently. Tensors sharing storage
+(tied weights, views) are written once. Every rank of the job calls
+async_save/save together (they run one small collective), as with DCP;
+load needs no collective.
+
+The job defaults to $CKPTD_JOB (else "default"), the socket to the daemon's
+default. Each (job, socket, process_group) keeps one Checkpointer
+(`checkpointer.py`) for the life of the process.
+
+Thread-safety: call from one thread (the training loop's).
+"""
+
+from typing import Dict, Optional, Tuple
+
+from ckptd.checkpointer import Checkpointer, default_job
+from ckptd.replica_exchange import ReplicaMismatchError, SaveInputError
+from ckptd.save_response import AsyncSaveResponse
+
+__all__ = ["async_save", "save", "load", "checkpointer", "Checkpointer",
+           "AsyncSaveResponse", "ReplicaMismatchError", "SaveInputError"]
+
+_checkpointers: Dict[Tuple, Checkpointer] = {}
+
+
+def checkpointer(job: Optional[str] = None, socket: Optional[str] = None,
+                 process_group=None) -> Checkpointer:
+    """The process's Checkpointer for (job, socket, process_group)."""
+    key = (job or default_job(), socket, id(process_group))
+    c = _checkpointers.get(key)
+    if c is None:
+        c = Checkpointer(job, socket=socket, process_group=process_group)
+        _checkpointers[key] = c
+    return c
+
+
+def async_save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
+               socket: Optional[str] = None, process_group=None) -> AsyncSaveResponse:
+    """Starts saving `state_dict` as checkpoint `checkpoint_id` (a name such
+    as "step-00001000") and returns in about a millisecond once the daemon
+    accepted it. Wait for response.staging_completion before mutating the
+    state; response.upload_completion resolves once the checkpoint is
+    committed. Errors (bad input, disagreeing replicas, a failed save)
+    are raised from the futures, on every rank."""
+    return checkpointer(job, socket, process_group).async_save(
+        state_dict, checkpoint_id=checkpoint_id)
+
+
+def save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
+         socket: Optional[str] = None, process_group=None) -> None:
+    """async_save, returning once the checkpoint is committed."""
+    async_save(state_dict, checkpoint_id=checkpoint_id, job=job, socket=socket,
+               process_group=process_group).upload_completion.result()
+
+
+def load(state_dict, *, checkpoint_id: str = "latest", job: Optional[str] = None,
+         socket: Optional[str] = None, process_group=None,
+         allow_missing: bool = False) -> str:
+    """Loads checkpoint `checkpoint_id` ("latest": the newest committed) into
+    `state_dict` in place, whatever world size and sharding saved it:
+    tensors (DTensors included) are filled, Python values replaced. Returns
+    the checkpoint's name."""
+    return checkpointer(job, socket, process_group).load(
+        state_dict, checkpoint_id=checkpoint_id, allow_missing=allow_missing)

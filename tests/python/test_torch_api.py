@@ -1,0 +1,368 @@
+"""Tests of ckptd.torch, the DCP-shaped API, against a real ckptd daemon.
+
+Run by ctest as: python -m unittest test_torch_api (in this directory), with
+PYTHONPATH holding the built package, CKPTD_BINARY the daemon to start and
+CKPTCTL_BINARY the CLI that inspects what was stored.
+Multi-rank cases run gloo on CPU in spawned interpreters.
+"""
+
+import gc
+import json
+import os
+import pickle
+import random
+import subprocess
+import unittest
+import weakref
+
+import numpy as np
+import torch
+
+import ckptd
+import ckptd.torch as ckpt
+from ckptd.flatten import flatten
+from test_ckptd import Daemon, run_ranks
+
+ALL_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16,
+              torch.int32, torch.uint32, torch.int64, torch.uint64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn,
+              torch.float8_e5m2]
+
+
+def random_tensor(shape, dtype, g):
+    raw = torch.randint(0, 256, (int(np.prod(shape)) * dtype.itemsize,),
+                        dtype=torch.uint8, generator=g)
+    t = raw.view(dtype).reshape(shape)
+    return (t.view(torch.uint8) & 1).bool() if dtype == torch.bool else t
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self, tied=False):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 11, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.norm(self.embed(ids)))
+
+
+def train_steps(model, optimizer, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        ids = torch.randint(0, 11, (4, 5), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 11), ids.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def assert_same(test, got, want, where=""):
+    """Nested equality: tensors bit-exact, everything else by ==."""
+    if isinstance(want, torch.Tensor):
+        test.assertIsInstance(got, torch.Tensor, where)
+        test.assertEqual(got.dtype, want.dtype, where)
+        test.assertTrue(torch.equal(got.view(torch.uint8) if got.dtype.itemsize == 1
+                                    and got.dtype != torch.bool else got,
+                                    want.view(torch.uint8) if want.dtype.itemsize == 1
+                                    and want.dtype != torch.bool else want), where)
+    elif isinstance(want, dict):
+        test.assertEqual(set(got), set(want), where)
+        for k in want:
+            assert_same(test, got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        test.assertEqual(type(got), type(want), where)
+        test.assertEqual(len(got), len(want), where)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_same(test, a, b, f"{where}[{i}]")
+    elif isinstance(want, np.ndarray):
+        test.assertTrue(np.array_equal(got, want), where)
+    else:
+        test.assertEqual(got, want, where)
+
+
+def blank(state):
+    """A copy of `state` with the same structure, tensors zeroed and every
+    other leaf None: what a fresh process would load into."""
+    from ckptd.flatten import set_leaf
+    out = pickle.loads(pickle.dumps(state))
+    leaves, paths = flatten(out)
+    for fqn, leaf in leaves.items():
+        set_leaf(out, paths[fqn],
+                 torch.zeros_like(leaf) if isinstance(leaf, torch.Tensor) else None)
+    return out
+
+
+# ---- multi-rank bodies (run in spawned interpreters) -----------------------
+
+def _init(store, rank, world):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world)
+    return dist
+
+
+def replicated_state_rank(socket, store, rank, world, job):
+    """Two ranks save FSDP-style state: a DTensor sharded so that rank 1's
+    shard is empty, AdamW-like step scalars and Python values on both ranks
+    (replicated), then a save whose replicas disagree, which must fail on
+    both ranks naming the fqn; then both load the first checkpoint back."""
+    dist = _init(store, rank, world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        full = torch.arange(1 * 6, dtype=torch.float32).reshape(1, 6)  # 1 row, 2 ranks
+        big = torch.arange(10 * 4, dtype=torch.float32).reshape(10, 4)
+        sd = {"model": {"tiny": distribute_tensor(full, mesh, [Shard(0)]),
+                        "big": distribute_tensor(big, mesh, [Shard(0)])},
+              "optim": {"state": {"model.tiny": {"step": torch.tensor(3.0)},
+                                  "model.big": {"step": torch.tensor(3.0)}},
+                        "param_groups": [{"lr": 0.01, "betas": (0.9, 0.95),
+                                          "params": ["model.tiny", "model.big"]}]},
+              "dataloader": {"epoch": 1, "seen": list(range(100))}}
+        if rank == 1:
+            assert sd["model"]["tiny"].to_local().numel() == 0
+        ckpt.save(sd, checkpoint_id="step-1", job=job, socket=socket)
+
+        bad = dict(sd, optim={"state": {"model.tiny": {"step": torch.tensor(3.0 + rank)},
+                                        "model.big": {"step": torch.tensor(3.0)}},
+                              "param_groups": sd["optim"]["param_groups"]})
+        r = ckpt.async_save(bad, checkpoint_id="step-2", job=job, socket=socket)
+        for future in (r.staging_completion, r.upload_completion):
+            try:
+                future.result()
+                raise AssertionError("a save whose replicas disagree succeeded")
+            except ckpt.ReplicaMismatchError as e:
+                assert "'optim.state.model.tiny.step'" in str(e), str(e)
+        bad_value = dict(sd, dataloader={"epoch": 1 + rank, "seen": []})
+        r = ckpt.async_save(bad_value, checkpoint_id="step-2", job=job, socket=socket)
+        try:
+            r.upload_completion.result()
+            raise AssertionError("a save whose values disagree succeeded")
+        except ckpt.ReplicaMismatchError as e:
+            assert "'dataloader.epoch'" in str(e), str(e)
+
+        fresh = {"model": {"tiny": distribute_tensor(torch.zeros(1, 6), mesh, [Shard(0)]),
+                           "big": distribute_tensor(torch.zeros(10, 4), mesh, [Shard(0)])},
+                 "optim": {"state": {"model.tiny": {"step": torch.tensor(0.0)},
+                                     "model.big": {"step": torch.tensor(0.0)}},
+                           "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0),
+                                             "params": []}]},
+                 "dataloader": {"epoch": 0, "seen": []}}
+        name = ckpt.load(fresh, checkpoint_id="latest", job=job, socket=socket)
+        assert name == "step-1", name
+        assert torch.equal(fresh["model"]["big"].full_tensor(), big)
+        assert torch.equal(fresh["model"]["tiny"].full_tensor(), full)
+        assert fresh["optim"]["state"]["model.tiny"]["step"].item() == 3.0
+        assert fresh["optim"]["param_groups"] == sd["optim"]["param_groups"]
+        assert fresh["dataloader"] == sd["dataloader"]
+    finally:
+        dist.destroy_process_group()
+
+
+class TorchApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def save(self, sd, name, job):
+        ckpt.save(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
+
+    def load(self, sd, job, name="latest"):
+        return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
+
+    def stored_chunks(self, job, name):
+        """{fqn: [(offsets, local shape)]} of the chunks a committed
+        checkpoint stores, from `ckptctl inspect --json`."""
+        ckptctl = os.environ.get("CKPTCTL_BINARY") or os.path.join(
+            os.path.dirname(os.environ["CKPTD_BINARY"]), "..", "client", "ckptctl")
+        out = subprocess.run([ckptctl, "--socket", self.daemon.socket, "inspect",
+                              "--json", job, name], capture_output=True, text=True,
+                             check=True).stdout
+        chunks = {}
+        for t in json.loads(out)["index"]["tensors"]:
+            chunks.setdefault(t["fqn"], []).append(
+                ([int(o) for o in t.get("offsets", [])],
+                 [int(n) for n in t.get("local_shape", [])]))
+        return chunks
+
+    def test_a_nested_get_state_dict_with_adamw_round_trips(self):
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        torch.manual_seed(0)
+        model = TinyModel()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        train_steps(model, optimizer, 3, seed=1)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd, "step": 3}
+        # Named exactly as DCP flattens them.
+        self.assertEqual(sorted(flatten(state)[0]), sorted(flatten_state_dict(state)[0]))
+        self.save(state, "step-3", "adamw")
+        want = pickle.loads(pickle.dumps(state))  # a deep copy
+
+        torch.manual_seed(1)
+        model2 = TinyModel()
+        optimizer2 = torch.optim.AdamW(model2.parameters(), lr=0.5)
+        model_sd2, optim_sd2 = get_state_dict(model2, optimizer2)
+        state2 = {"model": model_sd2, "optim": optim_sd2, "step": 0}
+        self.assertEqual(self.load(state2, "adamw"), "step-3")
+        assert_same(self, state2, want)
+        set_state_dict(model2, optimizer2, model_state_dict=state2["model"],
+                       optim_state_dict=state2["optim"])
+        for p, q in zip(model.parameters(), model2.parameters()):
+            self.assertTrue(torch.equal(p, q))
+        # Both continue identically.
+        train_steps(model, optimizer, 2, seed=9)
+        train_steps(model2, optimizer2, 2, seed=9)
+        for p, q in zip(model.parameters(), model2.parameters()):
+            self.assertTrue(torch.equal(p, q))
+
+    def test_python_values_of_every_kind_round_trip_large_ones_included(self):
+        random.seed(5)
+        np.random.seed(5)
+        torch.manual_seed(5)
+        values = {
+            "int": 12345678901234567890, "float": 0.1, "str": "π and ascii",
+            "bytes": b"\x00\xff" * 10, "none": None, "tuple": (1, "a", 2.5),
+            "list": [1, 2, 3], "nested": {"a": [{"b": 1}], "c": (None,)},
+            "py_rng": random.getstate(), "np_rng": np.random.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "dataloader": {"epoch": 2, "sampler": {"indices": list(range(1000))}},
+            # Over the daemon's 64 MiB message limit: streamed as tensor bytes.
+            "large": os.urandom(70 << 20),
+        }
+        self.save({"values": values}, "v1", "values")
+        fresh = blank({"values": values})
+        self.load(fresh, "values")
+        assert_same(self, fresh["values"], values)
+        # A second save with other lengths reuses or regrows the buffers.
+        values["large"] = b"small now"
+        values["list"] = list(range(5000))
+        self.save({"values": values}, "v2", "values")
+        self.load(fresh, "values")
+        assert_same(self, fresh["values"], values)
+
+    def test_non_contiguous_tensors_and_every_shared_dtype_round_trip(self):
+        g = torch.Generator().manual_seed(3)
+        sd = {}
+        for dtype in ALL_DTYPES:
+            name = str(dtype)[6:]
+            sd[f"t.{name}"] = random_tensor((7, 5), dtype, g).t()  # transposed
+            sd[f"s.{name}"] = random_tensor((9, 6), dtype, g)[1::2, ::3]  # strided
+            sd[f"scalar.{name}"] = random_tensor((), dtype, g)
+            sd[f"empty.{name}"] = torch.empty(0, 3, dtype=dtype)
+        want = {k: v.clone() for k, v in sd.items()}
+        self.save(sd, "d1", "dtypes")
+        fresh = {k: torch.zeros_like(v) if k.startswith("scalar") or k.startswith("empty")
+                 else torch.zeros(v.shape[::-1], dtype=v.dtype).t() for k, v in sd.items()}
+        self.assertFalse(fresh["t.float32"].is_contiguous())
+        self.load(fresh, "dtypes")
+        assert_same(self, fresh, want)
+
+    def test_tied_weights_and_views_are_saved_once_and_restored_sharing(self):
+        torch.manual_seed(0)
+        model = TinyModel(tied=True)
+        base = torch.arange(40, dtype=torch.float32)
+        sd = {"model": model.state_dict(), "base": base, "row": base.view(5, 8)[2],
+              "cols": base.view(5, 8)[:, 1]}
+        self.assertEqual(sd["model"]["embed.weight"].data_ptr(),
+                         sd["model"]["head.weight"].data_ptr())
+        self.save(sd, "t1", "tied")
+        index = ckpt.checkpointer("tied", self.daemon.socket)
+        result = index.client._client.load("t1", [], ["_ckptd.torch.index"], False)
+        from ckptd.index import Index
+        aliases = Index.decode(result["byte_items"]["_ckptd.torch.index"]).aliases
+        self.assertEqual(sorted(aliases), ["cols", "model.head.weight", "row"])
+        # Only the bases' bytes are stored.
+        chunks = self.stored_chunks("tied", "t1")
+        self.assertIn("base", chunks)
+        self.assertIn("model.embed.weight", chunks)
+        for alias in aliases:
+            self.assertNotIn(alias, chunks)
+
+        torch.manual_seed(1)
+        model2 = TinyModel(tied=True)
+        sd2 = {"model": model2.state_dict(), "base": torch.zeros(40),
+               "row": torch.zeros(8), "cols": torch.zeros(5)}
+        self.load(sd2, "tied")
+        self.assertEqual(model2.embed.weight.data_ptr(), model2.head.weight.data_ptr())
+        self.assertTrue(torch.equal(model2.head.weight, model.head.weight))
+        self.assertTrue(torch.equal(sd2["row"], base[16:24]))
+        self.assertTrue(torch.equal(sd2["cols"], base.view(5, 8)[:, 1]))
+        # An untied destination gets the bytes under both names.
+        untied = {"model": TinyModel(tied=False).state_dict()}
+        self.load(untied, "tied")
+        self.assertTrue(torch.equal(untied["model"]["head.weight"], model.embed.weight))
+
+    def test_a_tensor_dropped_after_async_save_still_saves_its_bytes(self):
+        t = torch.arange(48 << 20 >> 2, dtype=torch.float32)  # 48 MiB
+        want = t.clone()
+        alive = weakref.ref(t)
+        sd = {"t": t, "s": torch.ones(3)}
+        response = ckpt.async_save(sd, checkpoint_id="k1", job="keep",
+                                   socket=self.daemon.socket)
+        del sd["t"], t
+        gc.collect()
+        if not response.staging_completion.done():
+            self.assertIsNotNone(alive())  # the response holds it
+        scribble = [torch.full((48 << 20 >> 2,), -1.0) for _ in range(2)]
+        response.staging_completion.result()
+        gc.collect()
+        self.assertIsNone(alive())  # released once STAGED
+        response.upload_completion.result()
+        del scribble
+        fresh = {"t": torch.zeros(48 << 20 >> 2), "s": torch.zeros(3)}
+        self.load(fresh, "keep")
+        self.assertTrue(torch.equal(fresh["t"], want))
+
+    def test_bad_input_fails_the_futures_naming_the_fqn(self):
+        response = ckpt.async_save({"a": {"b": torch.zeros(2, dtype=torch.complex64)}},
+                                   checkpoint_id="x", job="bad", socket=self.daemon.socket)
+        with self.assertRaisesRegex(ckpt.SaveInputError, "a.b: unsupported dtype"):
+            response.staging_completion.result()
+        with self.assertRaisesRegex(ckpt.SaveInputError, "a.b"):
+            response.upload_completion.result()
+
+    def test_replicated_step_scalars_commit_once_and_disagreement_fails(self):
+        store = os.path.join(self.daemon.dir, "gloo-replicated")
+        self.assertEqual(run_ranks(replicated_state_rank, 2, self.daemon.socket, store,
+                                   "replicated"), [0, 0])
+        # Each replicated chunk is stored once, the empty shard not at all.
+        chunks = self.stored_chunks("replicated", "step-1")
+        self.assertEqual(chunks["optim.state.model.tiny.step"], [([], [])])
+        self.assertEqual(chunks["optim.state.model.big.step"], [([], [])])
+        self.assertEqual(len(chunks["dataloader.epoch"]), 1)
+        self.assertEqual(chunks["model.tiny"], [([0, 0], [1, 6])])
+        self.assertEqual(sorted(chunks["model.big"]), [([0, 0], [5, 4]), ([5, 0], [5, 4])])
+        # One rank of another world loads it all back.
+        client = ckptd.Client("replicated", socket=self.daemon.socket)
+        whole = {"model.tiny": torch.zeros(1, 6), "model.big": torch.zeros(10, 4),
+                 "optim.state.model.tiny.step": torch.zeros(())}
+        self.assertEqual(client.load("latest", whole)["checkpoint"], "step-1")
+        self.assertTrue(torch.equal(whole["model.big"],
+                                    torch.arange(40, dtype=torch.float32).reshape(10, 4)))
+        self.assertEqual([c["checkpoint"] for c in client.list() if c["committed"]],
+                         ["step-1"])
+
+    def test_stock_dcp_loads_the_tensors_saved_through_ckptd_torch(self):
+        import torch.distributed.checkpoint as dcp
+        torch.manual_seed(0)
+        model = TinyModel()
+        sd = {"model": model.state_dict(), "step": 7}
+        self.save(sd, "s1", "stock")
+        directory = os.path.join(self.daemon.dir, "root", "stock", "s1")
+        want = {f"model.{k}": v for k, v in model.state_dict().items()}
+        got = {k: torch.zeros_like(v) for k, v in want.items()}
+        dcp.load(got, storage_reader=dcp.HuggingFaceStorageReader(directory))
+        assert_same(self, got, want)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,271 @@
+// Tests of ShardWriter on real files (the material is ShardFixture's,
+// tests/support/shard_fixture.h): the exact file and its block checksums,
+// progress, and what every failure leaves behind — no file, every staging
+// buffer back in the pool and none returned while a write on it was in
+// flight — whether the source, a write, the queue, the ftruncate or the
+// fsync fails, or the save is cancelled.
+#include "save/shard_writer.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/io_queue.h"
+#include "storage/durable_file.h"
+#include "support/fault_injecting_queue.h"
+#include "support/shard_fixture.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::AlignUp4096;
+using ::ckpt::testing::FailingSource;
+using ::ckpt::testing::Fault;
+using ::ckpt::testing::FaultInjectingQueue;
+using ::ckpt::testing::FaultName;
+using ::ckpt::testing::FileExists;
+using ::ckpt::testing::ReadWholeFile;
+using ::ckpt::testing::ShardFixture;
+
+constexpr uint32_t kBufferBytes = ShardFixture::kBufferBytes;
+constexpr uint64_t kPoolBytes = ShardFixture::kPoolBytes;
+constexpr uint32_t kQueueDepth = ShardFixture::kQueueDepth;
+
+// What a failed or cancelled write must leave: no file (not even a partial
+// one) and every staging buffer back in the pool.
+void CheckLeftNoFile(ShardFixture& f) {
+  CHECK_FALSE(FileExists(f.path()));
+  CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
+TEST_CASE(
+    "ShardWriter writes the exact safetensors file with the sources' "
+    "bytes and their block checksums",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  const ShardWriteResult result = f.WriteOrFail(queue.get());
+  f.CheckFileMatchesSources(result);
+}
+
+TEST_CASE(
+    "ShardWriter reports staging once and progress that only grows to "
+    "the whole file",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  ShardWriteRequest req = f.WriteRequest();
+  int staged_calls = 0;
+  uint64_t staged_when_notified = 0;
+  std::vector<ShardWriteProgress> seen;
+  req.on_staged = [&] {
+    ++staged_calls;
+    staged_when_notified = seen.empty() ? 0 : seen.back().bytes_staged;
+  };
+  req.on_progress = [&](const ShardWriteProgress& p) { seen.push_back(p); };
+
+  ShardWriter writer(f.pool(), queue.get());
+  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  INFO(result.status());
+  REQUIRE(result.ok());
+
+  CHECK(staged_calls == 1);
+  // The last window was not yet reported when on_staged ran, but every
+  // window before it was.
+  CHECK(staged_when_notified < f.layout().file_size);
+  CHECK(staged_when_notified + kBufferBytes >= f.layout().file_size);
+  REQUIRE(!seen.empty());
+  for (size_t i = 1; i < seen.size(); ++i) {
+    CHECK(seen[i].bytes_staged >= seen[i - 1].bytes_staged);
+    CHECK(seen[i].bytes_written >= seen[i - 1].bytes_written);
+  }
+  CHECK(seen.back().bytes_staged == f.layout().file_size);
+  // Writes include the zero padding of the last window.
+  CHECK(seen.back().bytes_written >= f.layout().file_size);
+  CHECK(seen.back().bytes_written <= AlignUp4096(f.layout().file_size));
+}
+
+TEST_CASE("ShardWriter refuses to overwrite an existing file",
+          "[shard_io][shard_writer]") {
+  ShardFixture f;
+  {
+    std::ofstream out(f.path(), std::ios::binary);
+    out << "precious";
+  }
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  ShardWriter writer(f.pool(), queue.get());
+  CHECK(writer.Write(f.WriteRequest()).status().code() ==
+        absl::StatusCode::kAlreadyExists);
+  CHECK(ReadWholeFile(f.path()) == "precious");
+}
+
+TEST_CASE(
+    "ShardWriter cancelled before it starts returns Cancelled and "
+    "leaves no file",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  std::atomic<bool> cancelled{true};
+  ShardWriteRequest req = f.WriteRequest();
+  req.cancelled = &cancelled;
+
+  ShardWriter writer(f.pool(), queue.get());
+  CHECK(writer.Write(req).status().code() == absl::StatusCode::kCancelled);
+  CheckLeftNoFile(f);
+}
+
+TEST_CASE(
+    "ShardWriter cancelled part-way returns Cancelled and leaves no "
+    "file",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  std::atomic<bool> cancelled{false};
+  ShardWriteRequest req = f.WriteRequest();
+  req.cancelled = &cancelled;
+  // Cancel once a few windows are staged (some writes are then in flight).
+  req.on_progress = [&](const ShardWriteProgress& p) {
+    if (p.bytes_staged >= 3 * kBufferBytes) cancelled.store(true);
+  };
+
+  ShardWriter writer(f.pool(), queue.get());
+  CHECK(writer.Write(req).status().code() == absl::StatusCode::kCancelled);
+  CheckLeftNoFile(f);
+}
+
+TEST_CASE("ShardWriter returns a failing source's error and leaves no file",
+          "[shard_io][shard_writer]") {
+  // First window (nothing written yet) and a later one (writes in flight).
+  const int fail_on = GENERATE(1, 5);
+  INFO("source fails on read " << fail_on);
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  FailingSource source(fail_on, 0);
+  ShardWriteRequest req = f.WriteRequest();
+  req.source = &source;
+
+  ShardWriter writer(f.pool(), queue.get());
+  const absl::Status status = writer.Write(req).status();
+  CHECK(status.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("injected source failure"));
+  CHECK(source.reads == fail_on);  // nothing staged after the failure
+  CheckLeftNoFile(f);
+}
+
+TEST_CASE("ShardWriter returns a failing write's error and leaves no file",
+          "[shard_io][shard_writer]") {
+  // The first window's write, and one after the pool has wrapped around.
+  const int fail_nth = GENERATE(1, 10);
+  INFO("write " << fail_nth << " fails with EIO");
+  ShardFixture f;
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.eio_nth = fail_nth;
+
+  ShardWriter writer(f.pool(), &queue);
+  const absl::Status status = writer.Write(f.WriteRequest()).status();
+  CHECK(status.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  CHECK(queue.submissions >= static_cast<uint32_t>(fail_nth));
+  CheckLeftNoFile(f);
+}
+
+TEST_CASE(
+    "ShardWriter, after a write error with several writes in flight, has "
+    "every buffer back in the pool, returned none while its write was "
+    "outstanding, and leaves no file",
+    "[shard_io][shard_writer]") {
+  const Fault fault = GENERATE(Fault::kTransferEio, Fault::kReapFails);
+  INFO(FaultName(fault));
+  ShardFixture f;
+  FaultInjectingQueue queue(kQueueDepth);
+  queue.WatchPool(f.pool());
+  queue.lazy = true;  // polls find nothing: writes pile up in flight
+  if (fault == Fault::kTransferEio) {
+    queue.eio_nth = 3;
+  } else {
+    // The poll after the fifth write fails, and the first wait after it:
+    // the writer has to retry before any buffer may go back.
+    queue.failing_reap = 5;
+    queue.failing_reaps = 2;
+  }
+
+  ShardWriter writer(f.pool(), &queue);
+  const absl::Status status = writer.Write(f.WriteRequest()).status();
+
+  CHECK(status.code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  REQUIRE(queue.in_flight_at_fault.has_value());
+  CHECK(*queue.in_flight_at_fault > 1);
+  CHECK(queue.in_flight == 0);
+  CHECK(queue.returned_while_outstanding == 0);
+  CheckLeftNoFile(f);
+}
+
+// The real file operations, except that `fail` (Truncate or Fsync) returns
+// an injected error; records the calls.
+class FailingDataFileOps final : public FileOps {
+ public:
+  enum class Step { kNone, kTruncate, kFsync };
+  explicit FailingDataFileOps(Step fail) : fail_(fail) {}
+
+  std::vector<Step> calls;
+  uint64_t truncated_to = 0;
+
+  absl::Status Injected() const {
+    return absl::DataLossError(fail_ == Step::kTruncate
+                                   ? "injected ftruncate failure"
+                                   : "injected fsync failure");
+  }
+  absl::Status Truncate(int fd, uint64_t size,
+                        const std::string& path) override {
+    calls.push_back(Step::kTruncate);
+    truncated_to = size;
+    if (fail_ == Step::kTruncate) return Injected();
+    return FileOps::Truncate(fd, size, path);
+  }
+  absl::Status Fsync(int fd, const std::string& path) override {
+    calls.push_back(Step::kFsync);
+    if (fail_ == Step::kFsync) return Injected();
+    return FileOps::Fsync(fd, path);
+  }
+
+ private:
+  const Step fail_;
+};
+
+TEST_CASE(
+    "ShardWriter trims and fsyncs the data file through its FileOps, and a "
+    "failing ftruncate or fsync ends the write with that error and no file",
+    "[shard_io][shard_writer]") {
+  using Step = FailingDataFileOps::Step;
+  const Step fail = GENERATE(Step::kNone, Step::kTruncate, Step::kFsync);
+  INFO("failing step " << static_cast<int>(fail));
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  FailingDataFileOps ops(fail);
+
+  ShardWriter writer(f.pool(), queue.get(), ops);
+  absl::StatusOr<ShardWriteResult> result = writer.Write(f.WriteRequest());
+
+  CHECK(ops.truncated_to == f.layout().file_size);
+  if (fail == Step::kNone) {
+    INFO(result.status());
+    REQUIRE(result.ok());
+    CHECK(ops.calls == std::vector<Step>{Step::kTruncate, Step::kFsync});
+    f.CheckFileMatchesSources(*result);
+    return;
+  }
+  CHECK(result.status() == ops.Injected());
+  // The protocol stopped at the failing step.
+  CHECK(ops.calls.back() == fail);
+  CHECK(ops.calls.size() == (fail == Step::kTruncate ? 1u : 2u));
+  CheckLeftNoFile(f);
+}
+
+}  // namespace
+}  // namespace ckpt
