@@ -1,18 +1,24 @@
 #include "session/memory_source.h"
 
-#include <sys/uio.h>
+#include <fcntl.h>
+#include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <vector>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace ckpt {
 namespace {
-// process_vm_readv takes at most IOV_MAX (1024) iovecs per side.
-constexpr size_t kMaxIovecs = 1024;
+
+absl::StatusOr<UniqueFd> OpenProcessMemory(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/mem");
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  return fd;
+}
 
 // Copies synchronously at Enqueue, so every ticket is ready at once.
 class SynchronousCopyOut final : public CopyOutBatch {
@@ -38,6 +44,16 @@ absl::StatusOr<std::unique_ptr<CopyOutBatch>> MemorySource::BeginCopyOut() {
   return std::make_unique<SynchronousCopyOut>(this);
 }
 
+HostProcessMemory::HostProcessMemory(pid_t pid) : HostProcessMemory(-1, pid) {
+  absl::StatusOr<UniqueFd> fd = OpenProcessMemory(pid);
+  if (fd.ok()) {
+    owned_ = *std::move(fd);
+    fd_ = owned_.get();
+  } else {
+    open_error_ = fd.status();
+  }
+}
+
 absl::Status HostProcessMemory::Read(absl::Span<const CopySpan> spans) {
   return Transfer(spans, /*read=*/true);
 }
@@ -46,62 +62,54 @@ absl::Status HostProcessMemory::Write(absl::Span<const CopySpan> spans) {
   return Transfer(spans, /*read=*/false);
 }
 
-// Batches spans into one syscall of up to kMaxIovecs pairs. The kernel may
-// stop early (a partial transfer ends at an iovec boundary or at a fault);
-// we resume right after the last byte it copied, so a fault is reported by
-// the next call as an error rather than looping.
+// One pread/pwrite per run of spans that are contiguous on both sides (the
+// chunks of consecutive tensors usually are), so a window of many small
+// tensors costs few syscalls.
 absl::Status HostProcessMemory::Transfer(absl::Span<const CopySpan> spans,
                                          bool read) {
-  std::vector<iovec> local;
-  std::vector<iovec> remote;
-  size_t next = 0;
-  uint64_t skip = 0;  // bytes of spans[next] already copied
-  while (next < spans.size()) {
-    local.clear();
-    remote.clear();
-    uint64_t batch_bytes = 0;
-    for (size_t i = next; i < spans.size() && local.size() < kMaxIovecs; ++i) {
-      const uint64_t done = i == next ? skip : 0;
-      const uint64_t len = spans[i].length - done;
-      if (len == 0) continue;
-      local.push_back({spans[i].local + done, len});
-      remote.push_back(
-          {reinterpret_cast<void*>(spans[i].remote + done), len});
-      batch_bytes += len;
+  RETURN_IF_ERROR(open_error_);
+  size_t i = 0;
+  while (i < spans.size()) {
+    const uint64_t remote = spans[i].remote;
+    char* const local = spans[i].local;
+    uint64_t length = spans[i].length;
+    for (++i; i < spans.size() && spans[i].remote == remote + length &&
+              spans[i].local == local + length;
+         ++i) {
+      length += spans[i].length;
     }
-    if (batch_bytes == 0) break;
+    if (length > 0) RETURN_IF_ERROR(Copy(remote, local, length, read));
+  }
+  return absl::OkStatus();
+}
+
+// The kernel copies page by page and stops early at an unmapped page
+// (returning what it copied, or EIO if nothing); we resume after the last
+// byte copied, so the fault is reported by the next call.
+absl::Status HostProcessMemory::Copy(uint64_t remote, char* local,
+                                     uint64_t length, bool read) {
+  uint64_t done = 0;
+  while (done < length) {
+    const uint64_t at = remote + done;
+    const size_t want = static_cast<size_t>(length - done);
     const ssize_t n =
-        read ? process_vm_readv(pid_, local.data(), local.size(), remote.data(),
-                                remote.size(), 0)
-             : process_vm_writev(pid_, local.data(), local.size(),
-                                 remote.data(), remote.size(), 0);
+        read ? ::pread(fd_, local + done, want, static_cast<off_t>(at))
+             : ::pwrite(fd_, local + done, want, static_cast<off_t>(at));
     if (n < 0) {
+      if (errno == EINTR) continue;
       return ErrnoToStatus(
-          errno, absl::StrCat(read ? "process_vm_readv" : "process_vm_writev",
-                              " of pid ", pid_, " at 0x",
-                              absl::Hex(remote[0].iov_base == nullptr
-                                            ? 0
-                                            : reinterpret_cast<uint64_t>(
-                                                  remote[0].iov_base))));
+          errno,
+          absl::StrCat(read ? "read" : "write", " of ", length, " bytes at 0x",
+                       absl::Hex(remote), " in pid ", pid_, " (through /proc/",
+                       pid_, "/mem) failed at 0x", absl::Hex(at)));
     }
     if (n == 0) {
-      return absl::InternalError(absl::StrCat(
-          read ? "process_vm_readv" : "process_vm_writev", " of pid ", pid_,
-          " made no progress"));
+      return absl::UnavailableError(
+          absl::StrCat("the memory of pid ", pid_,
+                       " is gone: the process exited or ran "
+                       "another program (exec) since its memory was bound"));
     }
-    // Advance (next, skip) by n bytes.
-    uint64_t left = static_cast<uint64_t>(n);
-    while (left > 0 && next < spans.size()) {
-      const uint64_t span_left = spans[next].length - skip;
-      const uint64_t take = std::min(left, span_left);
-      skip += take;
-      left -= take;
-      if (skip == spans[next].length) {
-        ++next;
-        skip = 0;
-      }
-    }
-    while (next < spans.size() && spans[next].length == 0) ++next;
+    done += static_cast<uint64_t>(n);
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,13 @@
 //
 // The save path copies chunks out of a trainer's memory into staging
 // buffers; the restore path copies verified bytes back. HostProcessMemory
-// does this for host memory with process_vm_readv/process_vm_writev on the
-// peer pid the kernel reported at the handshake; a session's GPU regions
-// (session/gpu_regions.h) implement the same interface over the GPU seam.
-// Callers have already checked that every span lies inside a region the
-// peer registered (invariant 6).
+// does this for host memory with pread/pwrite on the peer's
+// /proc/<pid>/mem, opened once when the session binds its trainer
+// (session/peer_process.h): that file is bound to the exec image the
+// process ran then, so no access can reach another program the pid runs
+// later. A session's GPU regions (session/gpu_regions.h) implement the same
+// interface over the GPU seam. Callers have already checked that every span
+// lies inside a region the peer registered (invariant 6).
 //
 // Saves copy through a CopyOutBatch: copies are enqueued in order and
 // complete later (a GPU's copy engine runs ahead of the writer that hashes
@@ -25,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/unique_fd.h"
 
 namespace ckpt {
 
@@ -43,7 +46,8 @@ class CopyOutBatch {
   virtual ~CopyOutBatch() = default;
   // Starts copying every span from the peer into local memory; returns a
   // ticket for those copies (tickets increase from 1).
-  virtual absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) = 0;
+  virtual absl::StatusOr<uint64_t> Enqueue(
+      absl::Span<const CopySpan> spans) = 0;
   // Whether the copies of `ticket` (and every earlier one) are complete.
   virtual absl::StatusOr<bool> Ready(uint64_t ticket) = 0;
   // Waits until they are, or fails (DeadlineExceeded after the daemon's GPU
@@ -75,15 +79,38 @@ class MemorySource {
   virtual bool PrefersLargeWrites() const { return false; }
 };
 
+// Host memory of one process image through its /proc/<pid>/mem. A span
+// that is not mapped in the image is an error (EIO), as is one whose image
+// is gone (the process exited or exec'd: the file then reads and writes 0
+// bytes, which is Unavailable here). With the kernel's default
+// proc_mem.force_override, writes reach even pages the trainer mapped
+// read-only (private copies, as a debugger's would): still only its memory.
+//
+// Borrows the file (or owns it, when it opened it from a pid); safe for
+// concurrent use (pread/pwrite at explicit offsets).
 class HostProcessMemory final : public MemorySource {
  public:
-  explicit HostProcessMemory(pid_t pid) : pid_(pid) {}
+  // Borrows `memory_fd`, an open /proc/<pid>/mem (read-write) that outlives
+  // this object; `pid` names the process in errors. The daemon's sessions
+  // use this, with the file PeerProcess::Bind opened.
+  HostProcessMemory(int memory_fd, pid_t pid) : fd_(memory_fd), pid_(pid) {}
+  // Opens /proc/<pid>/mem now, binding the image `pid` runs at this moment
+  // (tests and tools); if that fails, every access reports why.
+  explicit HostProcessMemory(pid_t pid);
+
   absl::Status Read(absl::Span<const CopySpan> spans) override;
   absl::Status Write(absl::Span<const CopySpan> spans) override;
 
  private:
   absl::Status Transfer(absl::Span<const CopySpan> spans, bool read);
-  const pid_t pid_;
+  // Copies `length` bytes between `local` and peer address `remote`.
+  absl::Status Copy(uint64_t remote, char* local, uint64_t length, bool read);
+
+  // Constant after construction.
+  UniqueFd owned_;           // the file when this object opened it
+  absl::Status open_error_;  // why it could not
+  int fd_;
+  pid_t pid_;
 };
 
 }  // namespace ckpt

@@ -35,30 +35,31 @@ absl::StatusOr<std::string> RandomToken() {
 
 }  // namespace
 
-Session::Session(uint64_t id, std::string token, pid_t pid, uid_t uid,
-                 UniqueFd pidfd, const SessionGpu& gpu)
+Session::Session(uint64_t id, std::string token,
+                 std::unique_ptr<PeerProcess> peer, const SessionGpu& gpu)
     : id_(id),
       token_(std::move(token)),
-      pid_(pid),
-      uid_(uid),
-      pidfd_(std::move(pidfd)),
+      peer_(std::move(peer)),
       gpu_(gpu.backend,
-           [fd = pidfd_.get(), pid](int peer_fd) -> absl::StatusOr<UniqueFd> {
+           [peer = peer_.get()](int peer_fd) -> absl::StatusOr<UniqueFd> {
              // The handle lives in the verified peer's fd table: take our
-             // own copy from there, never from a process a request names.
+             // own copy from there, never from a process a request names,
+             // and only while the peer is still the image and credentials
+             // of the handshake (an exec keeps the fd table).
+             RETURN_IF_ERROR(peer->CheckAccess());
              UniqueFd taken(static_cast<int>(
-                 ::syscall(SYS_pidfd_getfd, fd, peer_fd, 0)));
+                 ::syscall(SYS_pidfd_getfd, peer->pidfd(), peer_fd, 0)));
              if (!taken.valid()) {
                return ErrnoToStatus(
                    errno, absl::StrCat("pidfd_getfd of fd ", peer_fd, " in pid ",
-                                       pid, " (needs the trainer's ptrace "
+                                       peer->pid(), " (needs the trainer's ptrace "
                                        "permission: same user and Yama "
                                        "ptrace_scope <= 1, or CAP_SYS_PTRACE)"));
              }
              return taken;
            },
            gpu.copy_timeout),
-      memory_(pid, pidfd_.get(), &gpu_) {}
+      memory_(peer_.get(), &gpu_) {}
 
 Session::~Session() { gpu_.ReleaseAll(); }
 
@@ -69,6 +70,9 @@ void Session::MarkClosed() {
 
 absl::Status Session::Open(const v1::OpenSessionRequest& request,
                            uint32_t node_id, uint32_t nodes) {
+  // A trainer whose memory the daemon will not touch learns why now, not at
+  // its first save.
+  RETURN_IF_ERROR(peer_->Admit());
   RETURN_IF_ERROR(ValidateStorageName(request.job(), "job"));
   const uint32_t rank = request.rank(), world_size = request.world_size();
   if (world_size == 0 || rank >= world_size) {
@@ -354,16 +358,19 @@ void SessionRegistry::Accept() {
     }
     return;
   }
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    LogWarning("SO_PEERCRED failed: ", std::strerror(errno));
+  absl::StatusOr<std::unique_ptr<PeerProcess>> peer = PeerProcess::Bind(fd.get());
+  if (!peer.ok()) {
+    LogWarning("handshake refused: cannot bind the peer: ", peer.status().ToString());
     return;
   }
-  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0)));
-  if (!pidfd.valid()) {
-    LogWarning("pidfd_open(", cred.pid, ") failed: ", std::strerror(errno));
-    return;
+  const pid_t pid = (*peer)->pid();
+  const uid_t uid = (*peer)->uid();
+  if ((*peer)->memory_fd() < 0) {
+    LogInfo("pid ", pid, " uid ", uid, ": its memory is bound at OpenSession "
+            "(ckptd has no ptrace permission over it before its PR_SET_PTRACER)");
+  } else if (absl::Status admitted = (*peer)->Admit(); !admitted.ok()) {
+    LogWarning("pid ", pid, " uid ", uid, " may not have its memory read or "
+               "written: ", admitted.ToString());
   }
   auto token = RandomToken();
   if (!token.ok()) {
@@ -374,12 +381,11 @@ void SessionRegistry::Accept() {
   {
     absl::MutexLock lock(&mu_);
     if (by_token_.size() >= max_sessions_) {
-      LogWarning("refusing session of pid ", cred.pid, ": ", max_sessions_,
+      LogWarning("refusing session of pid ", pid, ": ", max_sessions_,
                  " sessions are open");
       return;
     }
-    session = std::make_shared<Session>(next_id_++, *token, cred.pid, cred.uid,
-                                        std::move(pidfd), gpu_);
+    session = std::make_shared<Session>(next_id_++, *token, *std::move(peer), gpu_);
   }
   // The session is known before its token leaves: a client may call
   // OpenSession the moment it has read the reply.
@@ -394,7 +400,7 @@ void SessionRegistry::Accept() {
   absl::StatusOr<std::string> reply =
       EncodeHandshakeFrame({.session_token = *token, .daemon_pid = ::getpid()});
   if (!reply.ok()) {
-    LogError("handshake reply to pid ", cred.pid, ": ", reply.status().ToString());
+    LogError("handshake reply to pid ", pid, ": ", reply.status().ToString());
     Close(raw);
     return;
   }
@@ -407,12 +413,11 @@ void SessionRegistry::Accept() {
         sent < 0 ? ErrnoToStatus(errno, "send")
                  : absl::UnavailableError(absl::StrCat("short send: ", sent, " of ",
                                                        reply->size(), " bytes"));
-    LogWarning("handshake reply to pid ", cred.pid, " failed: ", failed.ToString());
+    LogWarning("handshake reply to pid ", pid, " failed: ", failed.ToString());
     Close(raw);
     return;
   }
-  LogInfo("session ", session->id(), " opened by pid ", cred.pid, " uid ",
-          cred.uid);
+  LogInfo("session ", session->id(), " opened by pid ", pid, " uid ", uid);
 }
 
 void SessionRegistry::Close(int fd) {

@@ -2,13 +2,16 @@
 //
 // gRPC C++ does not expose a Unix-socket peer's credentials to handlers, so
 // sessions are bound on a separate handshake socket (<socket>.session): the
-// daemon accepts, reads the peer's pid/uid with SO_PEERCRED, opens a pidfd
-// for that pid, and writes back a random 128-bit token plus its own pid
-// (one HandshakeFrame, common/handshake_frame.h).
-// Every session RPC carries the token; the pid the daemon reads and writes
-// is the kernel's, never a value from a request (invariant 6). The client
-// keeps the handshake socket open for the life of the session: its hang-up
-// is the daemon's liveness signal for the trainer.
+// daemon accepts, binds the peer process (PeerProcess::Bind: its pidfd, its
+// credentials, and its memory through a /proc/<pid>/mem file tied to the
+// exec image it runs now), and writes back a random 128-bit token plus its
+// own pid (one HandshakeFrame, common/handshake_frame.h).
+// Every session RPC carries the token; the memory the daemon reads and
+// writes is that bound image's, never a pid or address space a request
+// names (invariant 6). A peer that failed admission (peer_process.h) gets a
+// session whose OpenSession says why. The client keeps the handshake socket
+// open for the life of the session: its hang-up is the daemon's liveness
+// signal for the trainer.
 //
 // Thread-safety: Session and SessionRegistry are safe for concurrent use.
 #pragma once
@@ -35,6 +38,7 @@
 #include "session/gpu_backend.h"
 #include "session/gpu_regions.h"
 #include "session/memory_source.h"
+#include "session/peer_process.h"
 #include "session/session_memory.h"
 
 namespace ckpt {
@@ -52,18 +56,28 @@ struct SessionGpu {
 
 class Session {
  public:
-  Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd,
+  // `peer` must not be null.
+  Session(uint64_t id, std::string token, std::unique_ptr<PeerProcess> peer,
           const SessionGpu& gpu = {});
+  // A session of process `pid` as it runs now (PeerProcess::BindProcess):
+  // for tests and tools without a handshake socket.
+  Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd,
+          const SessionGpu& gpu = {})
+      : Session(id, std::move(token),
+                PeerProcess::BindProcess(pid, uid, std::move(pidfd)), gpu) {}
   ~Session();
 
   uint64_t id() const { return id_; }
   const std::string& token() const { return token_; }
-  pid_t pid() const { return pid_; }
-  uid_t uid() const { return uid_; }
+  pid_t pid() const { return peer_->pid(); }
+  uid_t uid() const { return peer_->uid(); }
+  const PeerProcess& peer() const { return *peer_; }
 
   // Set once by OpenSession. `node_id`/`nodes` are the daemon's: the
   // request must name this node, and may leave local_world_size 0 only on a
-  // one-node daemon.
+  // one-node daemon. The peer's memory is bound here if the handshake could
+  // not (PeerProcess::Admit); a peer that failed admission is refused, with
+  // the reason (PermissionDenied).
   absl::Status Open(const v1::OpenSessionRequest& request, uint32_t node_id,
                     uint32_t nodes);
   bool opened() const { return opened_.load(); }
@@ -106,9 +120,7 @@ class Session {
   // Constant after construction.
   const uint64_t id_;
   const std::string token_;
-  const pid_t pid_;
-  const uid_t uid_;
-  const UniqueFd pidfd_;
+  const std::unique_ptr<const PeerProcess> peer_;
   GpuRegions gpu_;
   SessionMemory memory_;
 

@@ -1,8 +1,5 @@
 #include "session/session_memory.h"
 
-#include <poll.h>
-
-#include <cerrno>
 #include <vector>
 
 #include "common/status.h"
@@ -10,37 +7,39 @@
 
 namespace ckpt {
 
-absl::Status SessionMemory::PidfdGuarded::CheckAlive() const {
-  pollfd p{pidfd_, POLLIN, 0};
-  const int n = ::poll(&p, 1, 0);
-  if (n < 0) return ErrnoToStatus(errno, "poll pidfd");
-  if (n > 0) {
-    return absl::UnavailableError("the trainer process has exited");
-  }
-  return absl::OkStatus();
+absl::Status SessionMemory::HostTransfer(const PeerProcess& peer,
+                                         absl::Span<const CopySpan> spans,
+                                         bool read) {
+  HostProcessMemory host(peer.memory_fd(), peer.pid());
+  return read ? host.Read(spans) : host.Write(spans);
 }
 
-absl::Status SessionMemory::PidfdGuarded::Read(absl::Span<const CopySpan> spans) {
-  RETURN_IF_ERROR(host_->Read(spans));
-  // Alive after the read means the pid was not recycled during it.
-  return CheckAlive();
+absl::Status SessionMemory::CheckedHost::Read(
+    absl::Span<const CopySpan> spans) {
+  RETURN_IF_ERROR(peer_->CheckAccess());
+  return HostTransfer(*peer_, spans, /*read=*/true);
 }
 
-absl::Status SessionMemory::PidfdGuarded::Write(absl::Span<const CopySpan> spans) {
-  RETURN_IF_ERROR(CheckAlive());
-  return host_->Write(spans);
+absl::Status SessionMemory::CheckedHost::Write(
+    absl::Span<const CopySpan> spans) {
+  RETURN_IF_ERROR(peer_->CheckAccess());
+  return HostTransfer(*peer_, spans, /*read=*/false);
 }
 
-absl::Status SessionMemory::Transfer(absl::Span<const CopySpan> spans, bool read) {
+absl::Status SessionMemory::Transfer(absl::Span<const CopySpan> spans,
+                                     bool read) {
   std::vector<CopySpan> host, gpu;
   for (const CopySpan& s : spans) {
     ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
                      gpu_->Find(s.remote, s.length));
     (region == nullptr ? host : gpu).push_back(s);
   }
+  if (host.empty() && gpu.empty()) return absl::OkStatus();
+  // One check for the whole call, host and GPU spans alike.
+  RETURN_IF_ERROR(peer_->CheckAccess());
   if (!gpu.empty()) RETURN_IF_ERROR(gpu_->Copy(gpu, /*to_host=*/read));
   if (host.empty()) return absl::OkStatus();
-  return read ? guarded_host_.Read(host) : guarded_host_.Write(host);
+  return HostTransfer(*peer_, host, read);
 }
 
 absl::Status SessionMemory::Read(absl::Span<const CopySpan> spans) {
@@ -52,8 +51,11 @@ absl::Status SessionMemory::Write(absl::Span<const CopySpan> spans) {
 }
 
 absl::StatusOr<std::unique_ptr<CopyOutBatch>> SessionMemory::BeginCopyOut() {
-  return std::make_unique<PeerCopyOut>(
-      &guarded_host_, gpu_, [this] { return guarded_host_.CheckAlive(); });
+  // A save's GPU copies are checked here, once; its host reads at each
+  // Enqueue (CheckedHost).
+  RETURN_IF_ERROR(peer_->CheckAccess());
+  return std::make_unique<PeerCopyOut>(&checked_host_, gpu_,
+                                       [this] { return peer_->CheckAlive(); });
 }
 
 }  // namespace ckpt

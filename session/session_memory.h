@@ -1,30 +1,32 @@
 // SessionMemory: everything a session's trainer registered, as one
-// MemorySource: host regions through process_vm_readv/writev, CUDA regions
-// through the session's GpuRegions. A span is GPU memory when it lies in a
-// GPU region of the session and host memory otherwise (every span was
-// checked against the session's registrations before it got here).
+// MemorySource: host regions through the trainer's bound /proc/<pid>/mem
+// (HostProcessMemory), CUDA regions through the session's GpuRegions. A
+// span is GPU memory when it lies in a GPU region of the session and host
+// memory otherwise (every span was checked against the session's
+// registrations before it got here).
 //
-// Host accesses are guarded against pid reuse with the session's pidfd: a
-// read is only trusted if the process is still alive afterwards, and a
-// write only starts if it is alive.
+// Every batch of accesses starts with PeerProcess::CheckAccess: a trainer
+// that failed admission, changed credentials, exec'd or exited since the
+// handshake gets no byte read or written (PermissionDenied naming its pid,
+// or Unavailable once it exited). A read or write call is one batch; so is
+// each Enqueue of a save's copy batch, which is also checked when it begins.
 //
 // Thread-safety: safe for concurrent use (each batch by one thread).
 #pragma once
-
-#include <sys/types.h>
 
 #include <memory>
 
 #include "session/gpu_regions.h"
 #include "session/memory_source.h"
+#include "session/peer_process.h"
 
 namespace ckpt {
 
 class SessionMemory final : public MemorySource {
  public:
-  // Borrows `pidfd` and `gpu`; both outlive this object.
-  SessionMemory(pid_t pid, int pidfd, GpuRegions* gpu)
-      : host_(pid), guarded_host_(&host_, pidfd), gpu_(gpu) {}
+  // Borrows `peer` and `gpu`; both outlive this object.
+  SessionMemory(const PeerProcess* peer, GpuRegions* gpu)
+      : peer_(peer), checked_host_(peer), gpu_(gpu) {}
 
   absl::Status Read(absl::Span<const CopySpan> spans) override;
   absl::Status Write(absl::Span<const CopySpan> spans) override;
@@ -32,23 +34,25 @@ class SessionMemory final : public MemorySource {
   bool PrefersLargeWrites() const override { return gpu_->live_regions() > 0; }
 
  private:
-  class PidfdGuarded final : public MemorySource {
+  // Host memory, each call checked first (a save batch's host reads).
+  class CheckedHost final : public MemorySource {
    public:
-    PidfdGuarded(MemorySource* host, int pidfd) : host_(host), pidfd_(pidfd) {}
+    explicit CheckedHost(const PeerProcess* peer) : peer_(peer) {}
     absl::Status Read(absl::Span<const CopySpan> spans) override;
     absl::Status Write(absl::Span<const CopySpan> spans) override;
-    // Unavailable once the process exited.
-    absl::Status CheckAlive() const;
 
    private:
-    MemorySource* const host_;
-    const int pidfd_;
+    const PeerProcess* const peer_;
   };
 
   absl::Status Transfer(absl::Span<const CopySpan> spans, bool read);
+  // Host spans through the peer's bound /proc/<pid>/mem; call only after
+  // its CheckAccess succeeded (the file exists from then on).
+  static absl::Status HostTransfer(const PeerProcess& peer,
+                                   absl::Span<const CopySpan> spans, bool read);
 
-  HostProcessMemory host_;
-  PidfdGuarded guarded_host_;
+  const PeerProcess* const peer_;
+  CheckedHost checked_host_;
   GpuRegions* const gpu_;
 };
 

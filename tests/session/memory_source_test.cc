@@ -1,6 +1,7 @@
-// Tests of HostProcessMemory against this very process: batching across
-// IOV_MAX, zero-length spans, bit-exact copies, and faults reported as
-// errors rather than crashes or endless loops.
+// Tests of HostProcessMemory against this very process (through
+// /proc/self/mem): many small spans, zero-length spans, bit-exact copies,
+// faults reported as errors rather than crashes or endless loops, and a
+// process that is gone.
 #include "session/memory_source.h"
 
 #include <sys/mman.h>
@@ -12,6 +13,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace ckpt {
 namespace {
@@ -66,12 +69,12 @@ uint64_t UnmappedAddress() {
 }
 
 TEST_CASE(
-    "HostProcessMemory reads more spans than IOV_MAX bit-exactly, "
+    "HostProcessMemory reads thousands of small spans bit-exactly, "
     "zero-length spans included",
     "[memory_source]") {
   const std::string remote = Pattern(150000, 1);
   const std::vector<Cut> cuts = ManyCuts(remote.size());
-  REQUIRE(cuts.size() > 2 * 1024 + 1);  // at least three batches
+  REQUIRE(cuts.size() > 2 * 1024 + 1);
   std::string local(remote.size(), '\0');
   const std::vector<CopySpan> spans =
       SpansAtCuts(cuts, remote.data(), local.data());
@@ -82,7 +85,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "HostProcessMemory writes more spans than IOV_MAX bit-exactly, "
+    "HostProcessMemory writes thousands of small spans bit-exactly, "
     "zero-length spans included",
     "[memory_source]") {
   const std::string local = Pattern(150000, 2);
@@ -136,16 +139,19 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "HostProcessMemory reading an unmapped address is an error naming "
-    "process_vm_readv",
+    "HostProcessMemory reading an unmapped address is an error naming the "
+    "address and the pid",
     "[memory_source]") {
   HostProcessMemory memory(::getpid());
   std::string local(4096, '\0');
-  const CopySpan span{UnmappedAddress(), local.data(), 100};
+  const uint64_t unmapped = UnmappedAddress();
+  const CopySpan span{unmapped, local.data(), 100};
   const absl::Status status = memory.Read({&span, 1});
   REQUIRE_FALSE(status.ok());
   CHECK_THAT(std::string(status.message()),
-             Catch::Contains("process_vm_readv"));
+             Catch::Contains(absl::StrCat("read of 100 bytes at 0x",
+                                          absl::Hex(unmapped), " in pid ",
+                                          ::getpid())));
 }
 
 TEST_CASE(
@@ -165,23 +171,27 @@ TEST_CASE(
   const absl::Status status = memory.Read(spans);
   REQUIRE_FALSE(status.ok());
   CHECK_THAT(std::string(status.message()),
-             Catch::Contains("process_vm_readv"));
+             Catch::Contains(absl::StrCat("read of 1000 bytes at 0x",
+                                          absl::Hex(spans[2].remote))));
+  CHECK(local.substr(0, 3000) == remote);
 }
 
 TEST_CASE(
-    "HostProcessMemory writing to an unmapped address is an error "
-    "naming process_vm_writev",
+    "HostProcessMemory writing to an unmapped address is an error naming "
+    "the address",
     "[memory_source]") {
   HostProcessMemory memory(::getpid());
   std::string local = Pattern(100, 5);
-  const CopySpan span{UnmappedAddress(), local.data(), local.size()};
+  const uint64_t unmapped = UnmappedAddress();
+  const CopySpan span{unmapped, local.data(), local.size()};
   const absl::Status status = memory.Write({&span, 1});
   REQUIRE_FALSE(status.ok());
   CHECK_THAT(std::string(status.message()),
-             Catch::Contains("process_vm_writev"));
+             Catch::Contains(absl::StrCat("write of 100 bytes at 0x",
+                                          absl::Hex(unmapped))));
 }
 
-TEST_CASE("HostProcessMemory of a process that has exited is NotFound",
+TEST_CASE("HostProcessMemory of a process that had exited is NotFound",
           "[memory_source]") {
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
@@ -194,6 +204,40 @@ TEST_CASE("HostProcessMemory of a process that has exited is NotFound",
   const CopySpan span{Addr(remote.data()), local.data(), 64};
   HostProcessMemory memory(child);
   CHECK(memory.Read({&span, 1}).code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE(
+    "HostProcessMemory of a process that exits after it was opened is "
+    "Unavailable, for reads and writes",
+    "[memory_source]") {
+  // The child holds a copy of `remote` (fork), waits for a byte, exits.
+  std::string remote = Pattern(64, 7);
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char byte;
+    ::close(go[1]);
+    const ssize_t n = ::read(go[0], &byte, 1);
+    ::_exit(n == 1 ? 0 : 1);
+  }
+  ::close(go[0]);
+  HostProcessMemory memory(child);
+  std::string local(64, '\0');
+  const CopySpan span{Addr(remote.data()), local.data(), 64};
+  REQUIRE(memory.Read({&span, 1}).ok());
+  CHECK(local == remote);
+
+  REQUIRE(::write(go[1], "x", 1) == 1);
+  ::close(go[1]);
+  int wstatus = 0;
+  REQUIRE(::waitpid(child, &wstatus, 0) == child);
+  const absl::Status read = memory.Read({&span, 1});
+  CHECK(absl::IsUnavailable(read));
+  CHECK_THAT(std::string(read.message()),
+             Catch::Contains(absl::StrCat("pid ", child)));
+  CHECK(absl::IsUnavailable(memory.Write({&span, 1})));
 }
 
 }  // namespace
