@@ -3,9 +3,9 @@
 // The file is cut into windows of one staging buffer each. Each window is
 // first *staged*: borrow a buffer from the pool, put the safetensors header
 // in it, and enqueue the copy of the chunks' bytes from the peer on a
-// CopyOutBatch (one batched process_vm_readv for host memory, complete at
-// once; D2H copies on the peer's GPU streams, complete later). Then, in
-// file order, each staged window is *finished*: wait for its copies, hash
+// CopyOutBatch (for host memory, preads of the peer's bound memory file,
+// complete at once; D2H copies on the peer's GPU streams, complete
+// later). Then, in file order, each staged window is *finished*: wait for its copies, hash
 // the chunk bytes into their per-block XXH3, and hand the buffer to the
 // IoPipeline as an O_DIRECT write at the window's offset. Staging runs
 // ahead while pool buffers are free, finishing windows whose copies are

@@ -19,6 +19,7 @@ binaries=(
   build/tests/ckpt_unit_tests
   build/tests/ckpt_integration_tests
   build/tests/ckpt-gpu-trainer
+  build/tests/ckpt-binding-probe
 )
 rm -rf gpu-bundle
 mkdir -p gpu-bundle/bin gpu-bundle/lib

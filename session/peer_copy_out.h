@@ -1,6 +1,7 @@
 // PeerCopyOut: one save's copies out of a session's memory, host and GPU.
 //
-// Host spans are read at once (process_vm_readv). GPU spans are enqueued
+// Host spans are read at once (HostProcessMemory: pread of the peer's
+// bound /proc/<pid>/mem). GPU spans are enqueued
 // on one copy stream per device, created for this batch: before the first
 // copy from a region the stream waits on the region's ready event (which
 // the trainer recorded on its own stream right before the save call, after

@@ -396,7 +396,7 @@ void SessionRegistry::Accept() {
     by_fd_[raw] = {std::move(fd), session};
   }
   // Reply: token, then the daemon's pid (the client allows it to ptrace-read
-  // with PR_SET_PTRACER where Yama restricts process_vm_readv).
+  // with PR_SET_PTRACER where Yama restricts access to its /proc/<pid>/mem).
   absl::StatusOr<std::string> reply =
       EncodeHandshakeFrame({.session_token = *token, .daemon_pid = ::getpid()});
   if (!reply.ok()) {

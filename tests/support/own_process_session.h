@@ -4,9 +4,9 @@
 // The session is what the handshake would have made for a trainer with
 // this process's pid and uid (a pidfd included, so the memory it reads is
 // guarded as in the daemon), opened as OpenSession would open it. Memory is
-// read with process_vm_readv on our own pid, which needs no ptrace
-// permission. The one place tests construct a Session: if its constructor
-// changes, only this file follows.
+// read through the test process's own /proc/<pid>/mem, which needs no
+// ptrace permission. The one place tests construct a Session: if its
+// constructor changes, only this file follows.
 //
 // Thread-safety: the functions are; use them from the test's thread.
 #pragma once
