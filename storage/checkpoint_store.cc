@@ -29,6 +29,18 @@ absl::Status ValidateCheckpointName(absl::string_view job,
   return ValidateStorageName(checkpoint, "checkpoint");
 }
 
+// Deletion is only ever of what ckptd made: a directory without its marker
+// (a DCP checkpoint copied under the root, say) is refused.
+absl::Status RequireMarked(const StorageDir& dir) {
+  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
+  if (!marked) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.path(), " was not created by ckptd (no ", kMarkerFileName,
+        "): not deleting it"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::string root)
@@ -224,12 +236,7 @@ absl::Status CheckpointStore::RemoveNodePart(
 absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
                                               absl::string_view checkpoint) const {
   ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
-  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
-  if (!marked) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir.path(), " was not created by ckptd (no ", kMarkerFileName,
-        "): not deleting it"));
-  }
+  RETURN_IF_ERROR(RequireMarked(dir));
   RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
   RETURN_IF_ERROR(dir.Fsync());
   ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
@@ -239,12 +246,7 @@ absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
 absl::Status CheckpointStore::DeleteUncommitted(absl::string_view job,
                                                 absl::string_view checkpoint) const {
   ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
-  ASSIGN_OR_RETURN(bool marked, dir.HasFile(kMarkerFileName));
-  if (!marked) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir.path(), " was not created by ckptd (no ", kMarkerFileName,
-        "): not deleting it"));
-  }
+  RETURN_IF_ERROR(RequireMarked(dir));
   ASSIGN_OR_RETURN(bool committed, dir.HasFile(kCommitFileName));
   if (committed) {
     return absl::FailedPreconditionError(

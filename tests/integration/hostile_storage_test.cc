@@ -18,6 +18,7 @@
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 #include "storage/checkpoint_store.h"
+#include "support/planted_files.h"
 
 namespace ckpt::testing {
 namespace {
@@ -25,28 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kDataFile[] = "shard-00001-model-00001-of-00001.safetensors";
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  out.close();
-  REQUIRE(out.good());
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Symlink(const std::string& target, const std::string& link) {
-  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
-}
-
-// Sets a directory's mtime far back, so gc sees it as older than a commit.
-void Age(const std::string& path) {
-  const timespec times[2] = {{1, 0}, {1, 0}};
-  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0);
-}
 
 // A daemon, one rank, and beside the root a directory that must survive.
 struct Setup {

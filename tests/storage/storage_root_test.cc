@@ -18,35 +18,18 @@
 #include "storage/checkpoint_store.h"
 #include "storage/durable_file.h"
 #include "storage/garbage_collector.h"
+#include "support/planted_files.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::Age;
+using ::ckpt::testing::ReadBytes;
+using ::ckpt::testing::Symlink;
 using ::ckpt::testing::TempDir;
+using ::ckpt::testing::WriteBytes;
 namespace fs = std::filesystem;
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  out.close();
-  REQUIRE(out.good());
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Symlink(const std::string& target, const std::string& link) {
-  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
-}
-
-// Sets a directory's mtime back, so gc sees it as older than a commit.
-void Age(const std::string& path) {
-  const timespec times[2] = {{1, 0}, {1, 0}};
-  REQUIRE(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0);
-}
 
 // A root, and beside it (outside) a directory whose files must survive.
 struct Fixture {
