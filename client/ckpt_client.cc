@@ -338,9 +338,35 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
 absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {
   request.set_session_token(token_);
   RemapRegionIds(request.mutable_tensors());
+  // Byte items that do not fit the daemon's message limit come in further
+  // pages (LoadByteItems), fetched here so the caller sees one response.
+  request.set_page_byte_items(true);
   v1::LoadResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->Load(&context, request, &response), "Load"));
+  {
+    grpc::ClientContext context;
+    RETURN_IF_ERROR(FromGrpc(stub_->Load(&context, request, &response), "Load"));
+  }
+  while (!response.pending_byte_items().empty()) {
+    v1::LoadByteItemsRequest more;
+    more.set_session_token(token_);
+    more.set_job(request.job());
+    more.set_checkpoint(response.checkpoint());  // the one loaded, not "latest"
+    more.mutable_byte_items()->Swap(response.mutable_pending_byte_items());
+    v1::LoadByteItemsResponse page;
+    grpc::ClientContext context;
+    RETURN_IF_ERROR(
+        FromGrpc(stub_->LoadByteItems(&context, more, &page), "LoadByteItems"));
+    if (page.byte_items().empty()) {
+      // Each page answers at least one item; a daemon that does not would
+      // keep this loop going for good.
+      return absl::InternalError(absl::StrCat(
+          "LoadByteItems answered none of ", more.byte_items_size(), " byte items"));
+    }
+    for (v1::ByteItem& item : *page.mutable_byte_items()) {
+      *response.add_byte_items() = std::move(item);
+    }
+    response.mutable_pending_byte_items()->Swap(page.mutable_pending_byte_items());
+  }
   return response;
 }
 

@@ -163,7 +163,9 @@ class Client {
       v1::SaveRequest request, GpuStreamHandle stream = nullptr);
 
   // Restores into registered memory; returns once every byte is verified
-  // and in place.
+  // and in place. Byte items too large for one reply together are fetched
+  // in further pages (LoadByteItems) before it returns: the response holds
+  // them all, and pending_byte_items is empty.
   absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest request);
 
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List(const std::string& job);

@@ -272,9 +272,21 @@ absl::StatusOr<int> Inspect(Daemon& daemon, const std::string& job,
   ckpt::v1::InspectRequest request;
   request.set_job(job);
   request.set_checkpoint(checkpoint);
-  ASSIGN_OR_RETURN(
-      const ckpt::v1::InspectResponse response,
-      daemon.Call(&Ckptd::Stub::Inspect, request, "inspect", kQueryDeadline));
+  // A record larger than one reply comes in pages (daemon/response_pages.h);
+  // merged in order they are the whole record.
+  request.set_paged(true);
+  ckpt::v1::InspectResponse response;
+  do {
+    ASSIGN_OR_RETURN(
+        ckpt::v1::InspectResponse page,
+        daemon.Call(&Ckptd::Stub::Inspect, request, "inspect", kQueryDeadline));
+    response.mutable_record()->MergeFrom(page.record());
+    if (!page.next_page_token().empty() &&
+        page.next_page_token() == request.page_token()) {
+      return absl::InternalError("inspect: the daemon sent the same page twice");
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
   if (!json) {
     std::fputs(RenderCheckpoint(response.record()).c_str(), stdout);
     return 0;

@@ -26,12 +26,35 @@ struct DaemonOptions {
   // Granularity of the per-item XXH3 checksums in the manifest.
   uint64_t checksum_block_bytes = 1ull << 20;
   // Largest gRPC message accepted (a save request with its byte items) and
-  // sent (a load's or an inspect's response). At most kMaxControlMessageBytes,
+  // sent (a load's or an inspect's response; replies that would be larger
+  // come in pages, daemon/response_pages.h). At most kMaxControlMessageBytes,
   // the limit clients set on their channels (common/control_socket.h says why).
   uint32_t max_request_bytes = kMaxControlMessageBytes;
   // Items (tensors + byte items) per save request.
   uint32_t max_items_per_save = 1u << 20;
+  // Trainer sessions open at once; more handshakes are refused. Each holds
+  // up to kDescriptorsPerSession descriptors (daemon/open_files_limit.h),
+  // so with max_connections it sizes the open-files limit the daemon needs
+  // at start.
   uint32_t max_sessions = 1024;
+  // Memory for the layouts sessions define (DefineLayout), per session and
+  // over the daemon: a DefineLayout past either fails RESOURCE_EXHAUSTED.
+  // A layout's bytes are its in-memory size as the daemon holds it
+  // (session/layout_budget.h); they go back once the session has ended and
+  // no save uses the layout any more. A layout costs about 600 bytes per
+  // item; the defaults and their reasons are LayoutLimits'.
+  uint64_t layout_bytes_per_session = 256ull << 20;
+  uint64_t layout_bytes_total = 1ull << 30;
+  // Open gRPC connections; more are closed at once (each costs a descriptor).
+  uint32_t max_connections = 4096;
+  // Who may connect besides root and the daemon's own user: members of this
+  // group (a name or a number; empty: nobody else). Both sockets get mode
+  // 0660 and this group, else 0600 (common/socket_access.h).
+  std::string socket_group;
+  // Members of this group (name or number; empty: none) may run operator
+  // calls (list, inspect, verify, cancel, gc) on every user's jobs; others
+  // only on their own (daemon/access_policy.h).
+  std::string operator_group;
   // Storage write rate cap in bytes/s across the daemon; 0 = unlimited.
   // Keeps checkpoint traffic from starving the trainer's own I/O.
   uint64_t write_rate_limit = 0;
@@ -42,6 +65,12 @@ struct DaemonOptions {
   // How long a node that is durable waits for the other nodes' manifests
   // before it declares the checkpoint failed.
   uint64_t commit_timeout_ms = 600'000;
+  // How long a checkpoint waits, from the first of this node's parts, for
+  // every local rank (local_world_size of them) to submit its part before
+  // it fails naming the missing ranks and its name is free again: a rank
+  // that never connects or never calls save must not hold the others'
+  // checkpoint open forever. Must be > 0.
+  uint64_t local_ranks_timeout_ms = 600'000;
   // Loads of one checkpoint by this node's ranks are batched (so bytes
   // several ranks need are read once) until every local rank has asked or
   // this long after the first request.

@@ -42,6 +42,23 @@ ABSL_FLAG(uint32_t, nodes, kDefaults.nodes,
           "every node's manifest is in the shared storage root");
 ABSL_FLAG(uint64_t, commit_timeout_ms, kDefaults.commit_timeout_ms,
           "how long a durable node waits for the other nodes");
+ABSL_FLAG(uint64_t, local_ranks_timeout_ms, kDefaults.local_ranks_timeout_ms,
+          "how long a checkpoint waits, from its first part, for every local "
+          "rank's part before it fails naming the missing ranks");
+ABSL_FLAG(uint32_t, max_connections, kDefaults.max_connections,
+          "open gRPC connections at most; more are closed at once");
+ABSL_FLAG(uint32_t, max_sessions, kDefaults.max_sessions,
+          "trainer sessions open at once; more handshakes are refused");
+ABSL_FLAG(uint64_t, layout_bytes_per_session, kDefaults.layout_bytes_per_session,
+          "memory the layouts of one session may hold (DefineLayout)");
+ABSL_FLAG(uint64_t, layout_bytes_total, kDefaults.layout_bytes_total,
+          "memory the layouts of all sessions together may hold");
+ABSL_FLAG(std::string, socket_group, kDefaults.socket_group,
+          "group (name or number) whose members may use the sockets besides "
+          "root and the daemon's user; empty: nobody else");
+ABSL_FLAG(std::string, operator_group, kDefaults.operator_group,
+          "group (name or number) whose members may list, inspect, verify, "
+          "cancel and gc every user's jobs; empty: only root and the daemon's user");
 ABSL_FLAG(uint64_t, load_batch_ms, kDefaults.load_batch_ms,
           "how long loads of one checkpoint wait for this node's other ranks, "
           "so bytes several ranks need are read once");
@@ -100,7 +117,14 @@ int main(int argc, char** argv) {
   options.node_id = absl::GetFlag(FLAGS_node_id);
   options.nodes = absl::GetFlag(FLAGS_nodes);
   options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
+  options.local_ranks_timeout_ms = absl::GetFlag(FLAGS_local_ranks_timeout_ms);
   options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.layout_bytes_per_session = absl::GetFlag(FLAGS_layout_bytes_per_session);
+  options.layout_bytes_total = absl::GetFlag(FLAGS_layout_bytes_total);
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  options.operator_group = absl::GetFlag(FLAGS_operator_group);
   options.keep_last = absl::GetFlag(FLAGS_keep_last);
   options.keep_in_memory_bytes = absl::GetFlag(FLAGS_keep_in_memory_bytes);
   options.gpu = absl::GetFlag(FLAGS_gpu);

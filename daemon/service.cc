@@ -7,15 +7,19 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/names.h"
 #include "common/save_phase.h"
 #include "common/status.h"
+#include "daemon/response_pages.h"
 #include "restore/verifier.h"
 #include "save/save_plan.h"
 #include "storage/durable_file.h"
+#include "storage/job_ownership.h"
 
 namespace ckpt {
 namespace {
@@ -27,17 +31,60 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// The request's session, if the call comes from the session's own process
+// (the token alone is not enough: daemon/access_policy.h).
+absl::StatusOr<std::shared_ptr<Session>> FindSession(
+    const CkptdService::Components& c, const grpc::CallbackServerContext& context,
+    const std::string& token) {
+  ASSIGN_OR_RETURN(const Caller caller, c.connections->CallerOf(context.peer()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, c.sessions->Find(token));
+  RETURN_IF_ERROR(AccessPolicy::MayActFor(caller, session->pid()));
+  return session;
+}
+
 // The one session lookup of the handlers that act for a trainer: runs
 // `handle` with the request's session, or finishes the call with why there
-// is none (an unknown or closed token).
+// is none (an unknown or closed token, another process's token).
 template <typename Request, typename Handle>
-grpc::ServerUnaryReactor* WithSession(SessionRegistry& sessions,
+grpc::ServerUnaryReactor* WithSession(const CkptdService::Components& c,
                                       grpc::CallbackServerContext* context,
                                       const Request& request, Handle handle) {
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions.Find(request.session_token());
+      FindSession(c, *context, request.session_token());
   if (!session.ok()) return Finish(context, session.status());
   return handle(*session);
+}
+
+// Which jobs a listing shows its caller: every job to an operator, only
+// their own to anyone else (one stat per distinct job).
+class VisibleJobs {
+ public:
+  VisibleJobs(const CheckpointStore& store, const AccessPolicy& policy,
+              const Caller& caller)
+      : store_(store), caller_(caller), all_(policy.IsOperator(caller)) {}
+
+  bool Shows(const std::string& job) {
+    if (all_) return true;
+    auto [it, inserted] = shows_.try_emplace(job, false);
+    if (inserted) {
+      absl::StatusOr<std::optional<uid_t>> owner = JobOwner(store_, job);
+      it->second = owner.ok() && owner->has_value() && **owner == caller_.uid;
+    }
+    return it->second;
+  }
+
+ private:
+  const CheckpointStore& store_;
+  const Caller caller_;
+  const bool all_;
+  absl::flat_hash_map<std::string, bool> shows_;
+};
+
+// OK if `session` may save into or load from `job` (its owner's, or root's).
+absl::Status MayUseJob(const CheckpointStore& store, const Session& session,
+                       const std::string& job) {
+  ASSIGN_OR_RETURN(std::optional<uid_t> owner, JobOwner(store, job));
+  return AccessPolicy::MayUseJob(session.uid(), job, owner);
 }
 
 // Runs `work` on an I/O worker and finishes the call there with its status:
@@ -165,11 +212,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+absl::StatusOr<Caller> CkptdService::CallerOf(
+    const grpc::CallbackServerContext& context) const {
+  return c_.connections->CallerOf(context.peer());
+}
+
+absl::Status CkptdService::MayOperate(const Caller& caller, absl::string_view what,
+                                      absl::string_view job) const {
+  ASSIGN_OR_RETURN(std::optional<uid_t> owner, JobOwner(*c_.store, job));
+  return c_.policy->MayOperate(caller, what, job, owner);
+}
+
 grpc::ServerUnaryReactor* CkptdService::OpenSession(
     grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request,
     v1::OpenSessionResponse* response) {
   return WithSession(
-      *c_.sessions, context, *request,
+      c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
         absl::Status status =
             session->Open(*request, c_.options->node_id, c_.options->nodes);
@@ -186,7 +244,7 @@ grpc::ServerUnaryReactor* CkptdService::RegisterRegions(
     grpc::CallbackServerContext* context,
     const v1::RegisterRegionsRequest* request,
     v1::RegisterRegionsResponse* response) {
-  return WithSession(*c_.sessions, context, *request,
+  return WithSession(c_, context, *request,
                      [&](const std::shared_ptr<Session>& session) {
                        auto ids = session->RegisterRegions(request->regions());
                        if (!ids.ok()) return Finish(context, ids.status());
@@ -199,7 +257,7 @@ grpc::ServerUnaryReactor* CkptdService::ReleaseRegions(
     grpc::CallbackServerContext* context,
     const v1::ReleaseRegionsRequest* request, v1::ReleaseRegionsResponse*) {
   return WithSession(
-      *c_.sessions, context, *request,
+      c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
         return Finish(context, session->ReleaseRegions(request->region_ids()));
       });
@@ -209,8 +267,14 @@ grpc::ServerUnaryReactor* CkptdService::DefineLayout(
     grpc::CallbackServerContext* context,
     const v1::DefineLayoutRequest* request,
     v1::DefineLayoutResponse* response) {
-  return WithSession(*c_.sessions, context, *request,
+  return WithSession(c_, context, *request,
                      [&](const std::shared_ptr<Session>& session) {
+                       // The layout will take at least its wire size: a
+                       // session or daemon already at its layout budget is
+                       // refused before the work of building one.
+                       absl::Status room =
+                           session->CheckLayoutRoom(request->ByteSizeLong());
+                       if (!room.ok()) return Finish(context, room);
                        auto layout =
                            PlanTensorLayout(*session, request->tensors(),
                                             c_.options->max_items_per_save);
@@ -226,8 +290,11 @@ grpc::ServerUnaryReactor* CkptdService::DefineLayout(
 grpc::ServerUnaryReactor* CkptdService::Save(
     grpc::CallbackServerContext* context, const v1::SaveRequest* request,
     v1::SaveResponse* response) {
-  return WithSession(*c_.sessions, context, *request,
+  return WithSession(c_, context, *request,
                      [&](const std::shared_ptr<Session>& session) {
+                       absl::Status allowed =
+                           MayUseJob(*c_.store, *session, request->job());
+                       if (!allowed.ok()) return Finish(context, allowed);
                        auto id = c_.saves->Submit(session, *request);
                        if (id.ok()) response->set_save_id(*id);
                        return Finish(context, id.status());
@@ -235,9 +302,8 @@ grpc::ServerUnaryReactor* CkptdService::Save(
 }
 
 grpc::ServerWriteReactor<v1::SaveProgress>* CkptdService::WatchSave(
-    grpc::CallbackServerContext* /*context*/,
-    const v1::WatchSaveRequest* request) {
-  auto session = c_.sessions->Find(request->session_token());
+    grpc::CallbackServerContext* context, const v1::WatchSaveRequest* request) {
+  auto session = FindSession(c_, *context, request->session_token());
   if (!session.ok()) {
     // A reactor that finishes at once with the error.
     class Failed final : public grpc::ServerWriteReactor<v1::SaveProgress> {
@@ -258,11 +324,15 @@ grpc::ServerUnaryReactor* CkptdService::Cancel(
     return Finish(context, cancelled.status());
   };
   if (request->session_token().empty()) {
+    absl::StatusOr<Caller> caller = CallerOf(*context);
+    if (!caller.ok()) return finish(caller.status());
+    absl::Status allowed = MayOperate(*caller, "cancel", request->job());
+    if (!allowed.ok()) return finish(allowed);
     return finish(
         c_.saves->CancelCheckpoint(request->job(), request->checkpoint()));
   }
   return WithSession(
-      *c_.sessions, context, *request,
+      c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
         return finish(c_.saves->CancelSave(*session, request->save_id()));
       });
@@ -272,12 +342,22 @@ grpc::ServerUnaryReactor* CkptdService::Load(
     grpc::CallbackServerContext* context, const v1::LoadRequest* request,
     v1::LoadResponse* response) {
   return WithSession(
-      *c_.sessions, context, *request,
+      c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
+        absl::Status allowed = MayUseJob(*c_.store, *session, request->job());
+        if (!allowed.ok()) return Finish(context, allowed);
         grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
         c_.loader->Start(
             session, *request,
-            [reactor, response](absl::StatusOr<v1::LoadResponse> result) {
+            [reactor, response, paged = request->page_byte_items(),
+             max_bytes = c_.options->max_request_bytes](
+                absl::StatusOr<v1::LoadResponse> result) {
+              // Byte items past the message limit go in later pages
+              // (daemon/response_pages.h).
+              if (result.ok()) {
+                absl::Status fits = FitLoadResponse(paged, max_bytes, &*result);
+                if (!fits.ok()) result = fits;
+              }
               if (result.ok()) *response = *std::move(result);
               reactor->Finish(ToGrpcStatus(result.status()));
             });
@@ -285,16 +365,63 @@ grpc::ServerUnaryReactor* CkptdService::Load(
       });
 }
 
+grpc::ServerUnaryReactor* CkptdService::LoadByteItems(
+    grpc::CallbackServerContext* context, const v1::LoadByteItemsRequest* request,
+    v1::LoadByteItemsResponse* response) {
+  return WithSession(
+      c_, context, *request,
+      [&](const std::shared_ptr<Session>& session) {
+        if (!session->opened()) {
+          return Finish(context, absl::FailedPreconditionError(
+                                     "call OpenSession before LoadByteItems"));
+        }
+        if (request->job() != session->job()) {
+          return Finish(context, absl::InvalidArgumentError(absl::StrCat(
+                                     "LoadByteItems names job '", request->job(),
+                                     "' but the session is for job '",
+                                     session->job(), "'")));
+        }
+        // A name, not "latest": the pages of one load must come from the
+        // checkpoint it loaded, even if a newer one committed since.
+        if (request->checkpoint() == kLatestAlias) {
+          return Finish(context, absl::InvalidArgumentError(
+                                     "LoadByteItems needs the checkpoint's name "
+                                     "(LoadResponse.checkpoint), not 'latest'"));
+        }
+        absl::Status allowed = MayUseJob(*c_.store, *session, request->job());
+        if (!allowed.ok()) return Finish(context, allowed);
+        // Reads COMMIT: on an I/O worker, like Inspect.
+        return FinishOnIoWorker(
+            c_.workers, context,
+            [store = c_.store, session, request, response,
+             max_bytes = c_.options->max_request_bytes]() -> absl::Status {
+              RETURN_IF_ERROR(ValidateStorageName(request->checkpoint(), "checkpoint"));
+              ASSIGN_OR_RETURN(const v1::CommitRecord record,
+                               store->ReadCommit(request->job(), request->checkpoint()));
+              return FillByteItemsPage(record.index(), session->rank(),
+                                       request->byte_items(), max_bytes, response);
+            });
+      });
+}
+
 grpc::ServerUnaryReactor* CkptdService::ListCheckpoints(
     grpc::CallbackServerContext* context,
     const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return Finish(context, caller.status());
   return FinishOnIoWorker(
       c_.workers, context,
-      [store = c_.store, request, response]() -> absl::Status {
+      [this, caller = *std::move(caller), request, response]() -> absl::Status {
+        if (!request->job().empty()) {
+          RETURN_IF_ERROR(MayOperate(caller, "list", request->job()));
+        }
         ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> list,
-                         store->List(request->job()));
-        for (auto& info : list) *response->add_checkpoints() = std::move(info);
+                         c_.store->List(request->job()));
+        VisibleJobs visible(*c_.store, *c_.policy, caller);
+        for (auto& info : list) {
+          if (visible.Shows(info.job())) *response->add_checkpoints() = std::move(info);
+        }
         return absl::OkStatus();
       });
 }
@@ -310,7 +437,13 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_staging_pool_free_bytes(c_.pool->free_bytes());
   response->set_peak_rss_bytes(PeakRssBytes());
   response->set_sessions(c_.sessions->size());
-  for (auto& p : c_.saves->InFlight()) *response->add_saves() = std::move(p);
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return Finish(context, caller.status());
+  // Saves in flight of other users' jobs are theirs to see, not the caller's.
+  VisibleJobs visible(*c_.store, *c_.policy, *caller);
+  for (auto& p : c_.saves->InFlight()) {
+    if (visible.Shows(p.job())) *response->add_saves() = std::move(p);
+  }
   response->set_now_unix_micros(absl::ToUnixMicros(absl::Now()));
   response->set_node_id(c_.options->node_id);
   response->set_nodes(c_.options->nodes);
@@ -324,9 +457,14 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
 grpc::ServerUnaryReactor* CkptdService::Verify(
     grpc::CallbackServerContext* context, const v1::VerifyRequest* request,
     v1::VerifyResponse* response) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return Finish(context, caller.status());
+  absl::Status allowed = MayOperate(*caller, "verify", request->job());
+  if (!allowed.ok()) return Finish(context, allowed);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   VerifyCheckpoint(
-      c_.store, c_.pool, c_.workers, request->job(), request->checkpoint(),
+      c_.store, c_.pool, c_.workers, c_.leases, request->job(),
+      request->checkpoint(),
       [reactor, response](absl::StatusOr<v1::VerifyResponse> result) {
         if (result.ok()) *response = *std::move(result);
         reactor->Finish(ToGrpcStatus(result.status()));
@@ -337,14 +475,29 @@ grpc::ServerUnaryReactor* CkptdService::Verify(
 grpc::ServerUnaryReactor* CkptdService::Inspect(
     grpc::CallbackServerContext* context, const v1::InspectRequest* request,
     v1::InspectResponse* response) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return Finish(context, caller.status());
   return FinishOnIoWorker(
       c_.workers, context,
-      [store = c_.store, request, response]() -> absl::Status {
-        ASSIGN_OR_RETURN(
-            *response->mutable_record(),
-            store->ReadCommit(request->job(), request->checkpoint().empty()
-                                                  ? kLatestAlias
-                                                  : request->checkpoint()));
+      [this, caller = *std::move(caller), store = c_.store, request,
+       response]() -> absl::Status {
+        RETURN_IF_ERROR(MayOperate(caller, "inspect", request->job()));
+        // Every page of a paged inspect is cut from the checkpoint the first
+        // one resolved (daemon/response_pages.h).
+        InspectPosition from;
+        if (!request->page_token().empty()) {
+          ASSIGN_OR_RETURN(from, ParseInspectPageToken(request->page_token()));
+        } else if (request->checkpoint().empty() ||
+                   request->checkpoint() == kLatestAlias) {
+          ASSIGN_OR_RETURN(from.checkpoint, store->ResolveLatest(request->job()));
+        } else {
+          from.checkpoint = request->checkpoint();
+        }
+        ASSIGN_OR_RETURN(v1::CommitRecord record,
+                         store->ReadCommit(request->job(), from.checkpoint));
+        ASSIGN_OR_RETURN(*response,
+                         InspectPage(std::move(record), from.checkpoint, request->paged(),
+                                     from, c_.options->max_request_bytes));
         return absl::OkStatus();
       });
 }
@@ -353,9 +506,15 @@ grpc::ServerUnaryReactor* CkptdService::CollectGarbage(
     grpc::CallbackServerContext* context,
     const v1::CollectGarbageRequest* request,
     v1::CollectGarbageResponse* response) {
+  absl::StatusOr<Caller> caller = CallerOf(*context);
+  if (!caller.ok()) return Finish(context, caller.status());
   return FinishOnIoWorker(
       c_.workers, context,
-      [saves = c_.saves, request, response]() -> absl::Status {
+      [this, caller = *std::move(caller), saves = c_.saves, request,
+       response]() -> absl::Status {
+        RETURN_IF_ERROR(request->job().empty()
+                            ? c_.policy->MayOperateOnAll(caller, "gc")
+                            : MayOperate(caller, "gc", request->job()));
         ASSIGN_OR_RETURN(GarbageCollection gc, saves->CollectGarbage(request->job()));
         for (const std::string& r : gc.removed) response->add_removed(r);
         for (const std::string& l : gc.left) response->add_left(l);

@@ -1,12 +1,20 @@
 // CkptdService: the gRPC face of the daemon (callback API).
 //
+// Every call first learns who made it (the credentials of its connection,
+// daemon/connection_listener.h) and is checked against the access policy
+// (daemon/access_policy.h): a session token only from its own process,
+// jobs only by their owner or an operator.
+//
 // Handlers validate, hand work to the SaveCoordinator / Loader and finish
 // through a reactor; none of them waits for storage on a gRPC thread:
-// Verify, ListCheckpoints, Inspect and CollectGarbage read or delete
-// directories, so they run on an I/O worker and finish the call from there.
-// (Save's one storage access is a stat for an existing COMMIT, so that a
-// reused name is refused by the call itself.) absl::Status becomes
-// grpc::Status only here (ToGrpcStatus).
+// Verify, ListCheckpoints, Inspect, LoadByteItems and CollectGarbage read
+// or delete directories and files, so they run on an I/O worker and finish
+// the call from there. Inspect and Load answer in pages where the reply
+// could pass the message limit (daemon/response_pages.h).
+// (Save's storage accesses are a stat of the job directory for its owner
+// and one for an existing COMMIT, so that a foreign job or a reused name is
+// refused by the call itself; Load and Verify stat the job directory too.)
+// absl::Status becomes grpc::Status only here (ToGrpcStatus).
 //
 // Ownership: borrows the components, which outlive the server; the I/O
 // workers must outlive every call (the server shuts down first).
@@ -18,12 +26,15 @@
 
 #include "absl/status/status.h"
 #include "ckpt/v1/control.grpc.pb.h"
+#include "daemon/access_policy.h"
+#include "daemon/connection_listener.h"
 #include "daemon/daemon_options.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
 #include "restore/loader.h"
 #include "save/save_coordinator.h"
 #include "session/session.h"
+#include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/memory_tier.h"
 
@@ -44,6 +55,11 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     const MemoryTier* tier;
     std::string io_backend;
     std::string gpu;  // GpuBackend::name()
+    // Verify's read lease, so retention does not delete what it checks.
+    CheckpointLeases* leases = nullptr;
+    // Who is calling (each call's connection) and what they may do.
+    ConnectionListener* connections = nullptr;
+    const AccessPolicy* policy = nullptr;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
 
@@ -75,6 +91,9 @@ class CkptdService final : public v1::Ckptd::CallbackService {
   grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
                                  const v1::LoadRequest* request,
                                  v1::LoadResponse* response) override;
+  grpc::ServerUnaryReactor* LoadByteItems(
+      grpc::CallbackServerContext* context, const v1::LoadByteItemsRequest* request,
+      v1::LoadByteItemsResponse* response) override;
   grpc::ServerUnaryReactor* ListCheckpoints(
       grpc::CallbackServerContext* context,
       const v1::ListCheckpointsRequest* request,
@@ -95,6 +114,12 @@ class CkptdService final : public v1::Ckptd::CallbackService {
       v1::CollectGarbageResponse* response) override;
 
  private:
+  // The caller of `context`'s call, or why it has none.
+  absl::StatusOr<Caller> CallerOf(const grpc::CallbackServerContext& context) const;
+  // OK if `caller` may run operator call `what` on `job`.
+  absl::Status MayOperate(const Caller& caller, absl::string_view what,
+                          absl::string_view job) const;
+
   const Components c_;
 };
 

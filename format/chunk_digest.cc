@@ -45,11 +45,30 @@ uint64_t ChunkListDigest(std::vector<ChunkIdentity> chunks) {
   return digest;
 }
 
+namespace {
+constexpr size_t kShownRanks = 6;
+
+std::string Describe(absl::Span<const uint32_t> first, uint64_t size) {
+  std::string shown = absl::StrJoin(first.subspan(0, std::min(kShownRanks, first.size())), ",");
+  if (size > kShownRanks) absl::StrAppend(&shown, ",...");
+  return absl::StrCat("{", shown, "} (", size, " ranks)");
+}
+}  // namespace
+
 std::string DescribeReplicaSet(absl::Span<const uint32_t> ranks) {
-  constexpr size_t kShown = 6;
-  std::string shown = absl::StrJoin(ranks.subspan(0, std::min(kShown, ranks.size())), ",");
-  if (ranks.size() > kShown) absl::StrAppend(&shown, ",...");
-  return absl::StrCat("{", shown, "} (", ranks.size(), " ranks)");
+  return Describe(ranks, ranks.size());
+}
+
+std::string DescribeReplicaSet(const v1::ReplicaSet& set) {
+  if (set.count() == 0) {
+    return Describe({set.ranks().data(), static_cast<size_t>(set.ranks_size())},
+                    static_cast<uint64_t>(set.ranks_size()));
+  }
+  std::vector<uint32_t> first;
+  for (uint32_t i = 0; i < set.count() && i < kShownRanks; ++i) {
+    first.push_back(set.first() + set.stride() * i);
+  }
+  return Describe(first, set.count());
 }
 
 void EncodeReplicaRanks(absl::Span<const uint32_t> ranks, v1::ReplicaSet* set) {

@@ -47,6 +47,9 @@ uint64_t ChunkListDigest(std::vector<ChunkIdentity> chunks);
 
 // "{0,8,16} (3 ranks)", shortened past a few ranks, for error messages.
 std::string DescribeReplicaSet(absl::Span<const uint32_t> ranks);
+// The same for a stored set, decoding only the ranks it shows (a set of
+// millions of ranks takes a few bytes stored, megabytes decoded).
+std::string DescribeReplicaSet(const v1::ReplicaSet& set);
 
 // Writes sorted `ranks` into `set` compactly (first/stride/count when they
 // step evenly, else listed), and reads them back.

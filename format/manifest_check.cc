@@ -1,6 +1,7 @@
 #include "format/manifest_check.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "format/dtype.h"
+#include "format/manifest_file.h"
 
 namespace ckpt {
 namespace {
@@ -156,12 +158,24 @@ absl::Status ValidateManifest(const v1::Manifest& m, absl::string_view what) {
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, int>> ranges;
   ranges.reserve(static_cast<size_t>(m.tensors_size()));
   std::set<std::string> chunks;
+  // The chunks of one tensor agree on its dtype and global shape: the loader
+  // matches a request with the first chunk and then intersects its box with
+  // every chunk's, dimension by dimension (restore/load_plan.cc).
+  std::map<absl::string_view, const v1::StoredTensor*> tensor_of;
   for (int i = 0; i < m.tensors_size(); ++i) {
     const v1::StoredTensor& t = m.tensors(i);
     RETURN_IF_ERROR(CheckTensor(m, t, i, what));
     if (!chunks.insert(absl::StrCat(t.fqn(), "@", absl::StrJoin(t.offsets(), ","))).second) {
       return Bad(what, absl::StrCat("chunk ", t.fqn(), " at [",
                                     absl::StrJoin(t.offsets(), ","), "] is stored twice"));
+    }
+    const v1::StoredTensor* first = tensor_of.emplace(t.fqn(), &t).first->second;
+    if (first->dtype() != t.dtype() ||
+        !std::equal(first->global_shape().begin(), first->global_shape().end(),
+                    t.global_shape().begin(), t.global_shape().end())) {
+      return Bad(what, absl::StrCat("chunks of ", t.fqn(), " disagree on its dtype or global "
+                                    "shape ([", absl::StrJoin(first->global_shape(), ","),
+                                    "] and [", absl::StrJoin(t.global_shape(), ","), "])"));
     }
     ranges.emplace_back(t.file_index(), t.file_offset(), t.file_offset() + t.length(), i);
   }
@@ -208,6 +222,22 @@ absl::Status ValidateCommitRecord(const v1::CommitRecord& record,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CommitRecord> ParseCommitFile(absl::string_view bytes,
+                                                 absl::string_view what) {
+  v1::CommitRecord record;
+  RETURN_IF_ERROR(ParseFramedMessage(kCommitMagic, bytes, what, &record));
+  RETURN_IF_ERROR(ValidateCommitRecord(record, what));
+  return record;
+}
+
+absl::StatusOr<v1::Manifest> ParseNodeManifestFile(absl::string_view bytes,
+                                                   absl::string_view what) {
+  v1::Manifest manifest;
+  RETURN_IF_ERROR(ParseFramedMessage(kNodeManifestMagic, bytes, what, &manifest));
+  RETURN_IF_ERROR(ValidateManifest(manifest, what));
+  return manifest;
 }
 
 }  // namespace ckpt

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ckpt/v1/manifest.pb.h"
 
@@ -39,5 +40,15 @@ absl::Status ValidateManifest(const v1::Manifest& manifest, absl::string_view wh
 // Checks a COMMIT record: its own fields, then its index.
 absl::Status ValidateCommitRecord(const v1::CommitRecord& record,
                                   absl::string_view what);
+
+// The bytes of a COMMIT file or a node manifest file, as read from storage,
+// to a checked message: the frame (magic, length, checksum;
+// format/manifest_file.h), the payload's parse, then ValidateCommitRecord or
+// ValidateManifest. The one path from stored bytes to a message that the
+// store's readers take (and the fuzz targets in fuzz/ exercise).
+absl::StatusOr<v1::CommitRecord> ParseCommitFile(absl::string_view bytes,
+                                                 absl::string_view what);
+absl::StatusOr<v1::Manifest> ParseNodeManifestFile(absl::string_view bytes,
+                                                   absl::string_view what);
 
 }  // namespace ckpt

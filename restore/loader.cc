@@ -1,36 +1,20 @@
 #include "restore/loader.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <atomic>
 #include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "common/box.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
-#include "format/dtype.h"
-#include "plan/tensor_item.h"
+#include "restore/load_plan.h"
 #include "restore/shard_reader.h"
 
 namespace ckpt {
 namespace {
-
-bool SameDims(const google::protobuf::RepeatedField<uint64_t>& a,
-              const google::protobuf::RepeatedField<uint64_t>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end());
-}
-
-Box BoxOf(const google::protobuf::RepeatedField<uint64_t>& offsets,
-          const google::protobuf::RepeatedField<uint64_t>& shape) {
-  return {{offsets.data(), static_cast<size_t>(offsets.size())},
-          {shape.data(), static_cast<size_t>(shape.size())}};
-}
 
 // One round in flight: what its file reads share.
 struct RoundRun {
@@ -72,100 +56,6 @@ struct RoundRun {
     }
   }
 };
-
-// Plans one request against the stored chunks: its deliveries per stored
-// tensor (into `deliveries`, only if the whole request is valid) and its
-// byte items and missing list (into `response`).
-absl::Status PlanRequest(
-    Session& session, const v1::LoadRequest& request, const v1::Manifest& index,
-    const std::map<std::string, std::vector<int>>& by_fqn,
-    std::map<int, std::vector<Delivery>>* deliveries, v1::LoadResponse* response) {
-  if (!session.opened()) {
-    return absl::FailedPreconditionError("call OpenSession before Load");
-  }
-  std::map<int, std::vector<Delivery>> planned;
-  std::set<std::string> seen;
-  for (const v1::TensorItem& item : request.tensors()) {
-    RETURN_IF_ERROR(ValidateTensorItem(item));
-    const std::string key =
-        absl::StrCat(item.fqn(), "@[", absl::StrJoin(item.offsets(), ","), "]");
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("item ", key, " is requested twice"));
-    }
-    auto remote = session.Resolve(item.memory());
-    if (!remote.ok()) return Annotate(remote.status(), absl::StrCat("item ", item.fqn()));
-    auto chunks = by_fqn.find(item.fqn());
-    const Box want = BoxOf(item.offsets(), item.local_shape());
-    auto missing = [&](const std::string& why) -> absl::Status {
-      if (request.allow_missing()) {
-        response->add_missing(item.fqn());
-        return absl::OkStatus();
-      }
-      return absl::NotFoundError(absl::StrCat("item ", item.fqn(), ": ", why, " in ",
-                                              index.job(), "/", index.checkpoint()));
-    };
-    if (chunks == by_fqn.end()) {
-      RETURN_IF_ERROR(missing("not stored"));
-      continue;
-    }
-    const v1::StoredTensor& first = index.tensors(chunks->second.front());
-    if (first.dtype() != item.dtype() || !SameDims(first.global_shape(), item.global_shape())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "item ", item.fqn(), ": requested ", v1::DType_Name(item.dtype()), " [",
-          absl::StrJoin(item.global_shape(), ","), "] but stored ",
-          v1::DType_Name(first.dtype()), " [", absl::StrJoin(first.global_shape(), ","),
-          "]"));
-    }
-    uint64_t covered = 0;
-    for (int t : chunks->second) {
-      const v1::StoredTensor& c = index.tensors(t);
-      covered += OverlapElements(BoxOf(c.offsets(), c.local_shape()), want);
-    }
-    if (covered != BoxElements(want)) {
-      RETURN_IF_ERROR(missing(absl::StrCat("stored chunks cover ", covered, " of the ",
-                                           BoxElements(want), " elements requested")));
-      continue;
-    }
-    ASSIGN_OR_RETURN(uint64_t element_bytes, DTypeSize(item.dtype()));
-    for (int t : chunks->second) {
-      const v1::StoredTensor& c = index.tensors(t);
-      for (const CopyRun& run :
-           IntersectBoxes(BoxOf(c.offsets(), c.local_shape()), want, element_bytes)) {
-        planned[t].push_back(
-            {run.src, run.src + run.length, session.memory(), *remote + run.dst});
-      }
-    }
-  }
-  response->set_checkpoint(index.checkpoint());
-  for (const std::string& fqn : request.byte_items()) {
-    const v1::StoredBytes* found = nullptr;
-    for (const v1::StoredBytes& b : index.byte_items()) {
-      if (b.fqn() != fqn) continue;
-      // This rank's own copy if there is one, else any rank's.
-      if (found == nullptr || b.rank() == session.rank()) found = &b;
-    }
-    if (found == nullptr) {
-      if (!request.allow_missing()) {
-        return absl::NotFoundError(absl::StrCat("byte item ", fqn, " is not in ",
-                                                index.job(), "/", index.checkpoint()));
-      }
-      response->add_missing(fqn);
-      continue;
-    }
-    if (XXH3_64bits(found->data().data(), found->data().size()) != found->xxh3()) {
-      return absl::DataLossError(absl::StrCat("checksum mismatch in byte item ", fqn,
-                                              " of ", index.checkpoint()));
-    }
-    v1::ByteItem* out = response->add_byte_items();
-    out->set_fqn(fqn);
-    out->set_data(found->data());
-  }
-  for (auto& [t, list] : planned) {
-    auto& into = (*deliveries)[t];
-    into.insert(into.end(), list.begin(), list.end());
-  }
-  return absl::OkStatus();
-}
 
 // Resolves "latest", leases the checkpoint and reads its COMMIT.
 absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStore& store,
@@ -210,7 +100,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       continue;
     }
     std::map<int, std::vector<Delivery>> mine;
-    e.status = PlanRequest(*e.session, e.request, index, by_fqn, &mine, &e.response);
+    e.status = PlanLoadRequest(*e.session, e.request, index, by_fqn, &mine, &e.response);
     if (!e.status.ok()) continue;
     for (auto& [t, list] : mine) {
       auto& into = deliveries[t];

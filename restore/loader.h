@@ -10,7 +10,8 @@
 // and merges the plans: every stored chunk any rank needs becomes one
 // ItemRead whose deliveries fan out to all of them, so each byte is read from
 // storage once per round. Data files are read in parallel on the I/O
-// workers (ShardReader verifies every block), from the in-memory tier where
+// workers (ShardReader verifies every block before any byte of it reaches a
+// rank's memory), from the in-memory tier where
 // it holds the file; the last file to finish
 // completes the requests. A request that is invalid, or whose file fails,
 // fails alone; the others proceed.

@@ -1,18 +1,19 @@
 #include "restore/shard_reader.h"
 
 #include <fcntl.h>
+// libxxhash's runtime-dispatched XXH3 (AVX2/AVX-512 where the CPU has
+// them), as in format/block_hasher.cc: the same digests, faster.
+#include <xxh_x86dispatch.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <map>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "format/block_hasher.h"
 #include "io/io_pipeline.h"
 
 namespace ckpt {
@@ -22,9 +23,19 @@ constexpr uint64_t kDirectAlignment = 4096;
 uint64_t AlignDown(uint64_t n) { return n / kDirectAlignment * kDirectAlignment; }
 uint64_t AlignUp(uint64_t n) { return AlignDown(n + kDirectAlignment - 1); }
 
-// An item's needed range widened to whole checksum blocks, in file offsets.
+// Offsets are rounded up to blocks (at most 4 GiB) and pages below this, so
+// nothing wraps; no real file comes near it.
+constexpr uint64_t kMaxFileBytes = uint64_t{1} << 62;
+
+// A window is handled in slices of whole blocks about this large (at least
+// one block): each slice is hashed and then copied out, so the copy reads
+// bytes the hash has just brought into the core's cache, not memory.
+constexpr uint64_t kSliceBytes = 256 << 10;
+
+// A byte range in file offsets.
 struct Span { uint64_t begin, end; };
 
+// An item's needed range widened to whole checksum blocks, in file offsets.
 Span Widen(const ItemRead& item, uint64_t block) {
   uint64_t begin = item.item_length, end = 0;
   for (const Delivery& d : item.deliveries) {
@@ -36,23 +47,169 @@ Span Widen(const ItemRead& item, uint64_t block) {
   return {item.item_file_offset + b, item.item_file_offset + e};
 }
 
-// Spans to copy out of one slice, batched per destination.
-using Outbox = std::map<MemorySource*, std::vector<CopySpan>>;
-
-// A window submitted for reading. Its buffer's lease is with the pipeline
-// while the read is in flight and comes back here when the read is done.
-struct Window {
-  uint64_t offset = 0;  // aligned file offset
-  uint64_t length = 0;
-  bool done = false;
-  uint64_t bytes = 0;   // read (less than length at end of file)
-  StagingLease buffer;  // set once done
+// What a read works from: the request, each item's widened range, and the
+// segments to read (the ranges aligned for O_DIRECT and coalesced).
+struct ReadPlan {
+  const ShardReadRequest* req = nullptr;
+  uint64_t block = 0;
+  std::vector<Span> spans;  // one per item, in item order
+  std::vector<Span> segments;
 };
 
-// Bytes of a window are handled in slices this small, so that each slice is
-// still in the core's cache when it is hashed after being copied out: the
-// hash then runs at cache speed instead of reading memory a second time.
-constexpr uint64_t kSliceBytes = 256 << 10;
+// Checks the request (the manifest's fields in it are untrusted) and plans
+// it for windows of `window_bytes`.
+absl::StatusOr<ReadPlan> PlanRead(const ShardReadRequest& req, uint64_t window_bytes) {
+  const uint64_t block = req.checksum_block_bytes;
+  if (block == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("zero checksum block size for ", req.path));
+  }
+  // Refused before any read: a block must fit in one window to be verified
+  // before it is delivered.
+  if (block > MaxChecksumBlockBytes(window_bytes)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        req.path, " has checksum blocks of ", block, " bytes, but staging buffers of ",
+        window_bytes, " bytes verify blocks of at most ",
+        MaxChecksumBlockBytes(window_bytes), " bytes before delivering them (restore it "
+        "with --buffer_bytes of at least ", AlignUp(block) + kDirectAlignment, ")"));
+  }
+  if (req.file_size > kMaxFileBytes) {
+    return absl::DataLossError(
+        absl::StrCat(req.path, ": implausible file size ", req.file_size));
+  }
+  ReadPlan plan{.req = &req, .block = block, .spans = {}, .segments = {}};
+  plan.spans.reserve(req.items.size());
+  if (!req.items.empty() && !req.expected_header.empty()) {
+    plan.segments.push_back({0, AlignUp(req.expected_header.size())});
+  }
+  for (const ItemRead& item : req.items) {
+    uint64_t item_end = 0;
+    bool bad = item.deliveries.empty() ||
+               __builtin_add_overflow(item.item_file_offset, item.item_length, &item_end) ||
+               item_end > req.file_size;
+    for (const Delivery& d : item.deliveries) {
+      bad = bad || d.begin > d.end || d.end > item.item_length ||
+            d.destination == nullptr;
+    }
+    if (bad) {
+      return absl::InternalError(absl::StrCat("bad read range for item ",
+                                              item.fqn, " in ", req.path));
+    }
+    const Span s = Widen(item, block);
+    if (!plan.spans.empty() && s.begin < plan.spans.back().end) {
+      return absl::InternalError(absl::StrCat(
+          "overlapping reads of item ", item.fqn, " in ", req.path));
+    }
+    plan.spans.push_back(s);
+    // An empty item has no bytes to read, only its one checksum (of
+    // nothing) to match.
+    if (item.item_length == 0 &&
+        (item.block_count == 0 || item.block_xxh3[0] != XXH3_64bits(nullptr, 0))) {
+      return absl::DataLossError(absl::StrCat("checksum mismatch in ", req.path, ", item ",
+                                              item.fqn, " (empty)"));
+    }
+    const Span aligned = {AlignDown(s.begin), AlignUp(s.end)};
+    if (!plan.segments.empty() && aligned.begin <= plan.segments.back().end) {
+      plan.segments.back().end = std::max(plan.segments.back().end, aligned.end);
+    } else {
+      plan.segments.push_back(aligned);
+    }
+  }
+  return plan;
+}
+
+// Walks the checksum blocks of the items' widened ranges in file order.
+class BlockWalk {
+ public:
+  explicit BlockWalk(const ReadPlan& plan) : plan_(plan) { Settle(0); }
+
+  bool done() const { return item_ == plan_.spans.size(); }
+  // The current block (valid while !done()): of item `item()`, file bytes
+  // [begin(), end()).
+  size_t item() const { return item_; }
+  uint64_t begin() const { return begin_; }
+  uint64_t end() const { return end_; }
+  void Next() { Settle(end_); }
+
+ private:
+  // Moves to the first block at or after file offset `at`.
+  void Settle(uint64_t at) {
+    for (; item_ < plan_.spans.size(); ++item_) {
+      const Span& s = plan_.spans[item_];
+      at = std::max(at, s.begin);
+      if (at < s.end) {
+        begin_ = at;
+        end_ = std::min(at + plan_.block, s.end);
+        return;
+      }
+    }
+  }
+
+  const ReadPlan& plan_;
+  size_t item_ = 0;
+  uint64_t begin_ = 0, end_ = 0;
+};
+
+// One window to read: file bytes [offset, offset + length). It verifies and
+// delivers the blocks that end by `cut`; its first `overlap` bytes were
+// read by the window before it too.
+struct PlannedWindow {
+  uint64_t offset = 0, length = 0, cut = 0, overlap = 0;
+};
+
+// Cuts the segments into windows of at most `window_bytes` that end where
+// no block is cut. A window that would end inside a block ends at the
+// block's start instead, and the next one starts at the page holding it.
+// Since a block is at most window_bytes - 4096 (PlanRead), that start is at
+// least a page past the window's, so every window makes progress.
+class WindowPlanner {
+ public:
+  WindowPlanner(const ReadPlan& plan, uint64_t window_bytes)
+      : plan_(plan),
+        window_bytes_(window_bytes),
+        next_(plan.segments.empty() ? 0 : plan.segments.front().begin) {}
+
+  bool done() const { return segment_ == plan_.segments.size(); }
+
+  absl::StatusOr<PlannedWindow> Next() {
+    const Span& segment = plan_.segments[segment_];
+    const uint64_t at = next_;
+    // Segments and buffers are page-aligned, so `limit` is too.
+    const uint64_t limit = std::min(at + window_bytes_, segment.end);
+    uint64_t cut = limit;
+    if (limit < segment.end) {
+      while (item_ < plan_.spans.size() && plan_.spans[item_].end <= limit) ++item_;
+      if (item_ < plan_.spans.size() && plan_.spans[item_].begin < limit) {
+        const Span& s = plan_.spans[item_];  // blocks start at s.begin + k * block
+        cut = s.begin + (limit - s.begin) / plan_.block * plan_.block;
+      }
+    }
+    PlannedWindow w{.offset = at, .length = AlignUp(cut) - at, .cut = cut,
+                    .overlap = read_end_ > at ? read_end_ - at : 0};
+    if (cut == segment.end) {
+      read_end_ = 0;
+      if (++segment_ < plan_.segments.size()) next_ = plan_.segments[segment_].begin;
+    } else {
+      read_end_ = at + w.length;
+      next_ = AlignDown(cut);
+      if (next_ <= at) {  // PlanRead's block bound rules this out
+        return absl::InternalError(absl::StrCat("no window fits the block at ", cut, " of ",
+                                                plan_.req->path));
+      }
+    }
+    return w;
+  }
+
+ private:
+  const ReadPlan& plan_;
+  const uint64_t window_bytes_;
+  size_t segment_ = 0;
+  uint64_t next_;          // where the next window starts
+  uint64_t read_end_ = 0;  // where the last window's read ended, in this segment
+  size_t item_ = 0;        // the first item whose span may hold a later limit
+};
+
+// Spans to copy out of one slice, batched per destination.
+using Outbox = std::map<MemorySource*, std::vector<CopySpan>>;
 
 // One delivery, in file offsets.
 struct Transfer {
@@ -61,65 +218,15 @@ struct Transfer {
   uint64_t remote;  // peer address for byte `begin`
 };
 
-// Verifies one item as its widened range streams by.
-class ItemSink {
- public:
-  ItemSink(const ItemRead& item, uint64_t block, const std::string& path)
-      : item_(item), span_(Widen(item, block)), block_(block),
-        hasher_(block), path_(path) {}
-
-  const Span& span() const { return span_; }
-  bool started() const { return fed_ > 0; }
-
-  // Hashes the part of [data, data+len) at file offset `at` that lies in
-  // this item's widened range; `*complete` becomes true after the last byte,
-  // once every block of the item is verified.
-  absl::Status Hash(const char* data, uint64_t at, uint64_t len, bool* complete) {
-    const uint64_t from = std::max(at, span_.begin + fed_);
-    const uint64_t to = std::min(at + len, span_.end);
-    if (from < to) {
-      hasher_.Update(data + (from - at), to - from);
-      fed_ += to - from;
-    }
-    *complete = span_.begin + fed_ == span_.end;
-    if (*complete) return Verify();
-    return absl::OkStatus();
-  }
-
- private:
-  absl::Status Verify() {
-    const std::vector<uint64_t> got = hasher_.Finish();
-    const uint64_t first = (span_.begin - item_.item_file_offset) / block_;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (first + i >= item_.block_count || got[i] != item_.block_xxh3[first + i]) {
-        const uint64_t b = (first + i) * block_;
-        return absl::DataLossError(absl::StrCat(
-            "checksum mismatch in ", path_, ", item ", item_.fqn,
-            ", item bytes [", b, ", ", std::min(b + block_, item_.item_length),
-            ") at file offset ", item_.item_file_offset + b));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  const ItemRead& item_;
-  const Span span_;
-  const uint64_t block_;
-  BlockHasher hasher_;
-  const std::string& path_;
-  uint64_t fed_ = 0;
-};
-
-// Consumes windows of the file in file order, slice by slice: sends each
+// Consumes the planned windows in file order, slice by slice: hashes each
+// block of a slice and matches it with the manifest, then sends the
 // slice's deliveries (one batched write per destination; for destinations
-// that prefer large writes, GPU memory, one per window after the window is
-// hashed), then feeds the slice to the hashers of the items it holds. Bytes go out before their
-// block is verified: a mismatch fails the whole load, whose memory is then
-// not to be used.
+// that prefer large writes, GPU memory, one per window). A byte goes out
+// only once its whole block matched.
 class WindowConsumer {
  public:
-  explicit WindowConsumer(const ShardReadRequest& req) : req_(req) {
-    for (const ItemRead& item : req.items) {
+  explicit WindowConsumer(const ReadPlan& plan) : plan_(plan), req_(*plan.req), walk_(plan) {
+    for (const ItemRead& item : req_.items) {
       for (const Delivery& d : item.deliveries) {
         transfers_.push_back({item.item_file_offset + d.begin, item.item_file_offset + d.end,
                               d.destination, d.remote});
@@ -129,40 +236,42 @@ class WindowConsumer {
                      [](const Transfer& a, const Transfer& b) { return a.begin < b.begin; });
   }
 
-  // `data` holds file bytes [offset, offset + bytes); `length` is what was
-  // asked for (bytes < length only at the end of the file).
-  absl::Status Consume(const char* data, uint64_t offset, uint64_t length,
-                       uint64_t bytes) {
-    RETURN_IF_ERROR(CompareHeader(data, offset, bytes));
-    for (uint64_t done = 0; done < bytes; done += kSliceBytes) {
-      const uint64_t n = std::min(kSliceBytes, bytes - done);
-      RETURN_IF_ERROR(Deliver(data + done, offset + done, n));
-      RETURN_IF_ERROR(Hash(data + done, offset + done, n));
+  // `data` holds file bytes [w.offset, w.offset + bytes); bytes < w.length
+  // only at the end of the file.
+  absl::Status Consume(const char* data, const PlannedWindow& w, uint64_t bytes) {
+    RETURN_IF_ERROR(CompareHeader(data, w.offset, bytes));
+    while (!walk_.done() && walk_.begin() < w.cut) {
+      const uint64_t slice_begin = walk_.begin();
+      uint64_t slice_end = slice_begin;
+      do {
+        RETURN_IF_ERROR(VerifyBlock(data, w, bytes));
+        slice_end = walk_.end();
+        walk_.Next();
+      } while (!walk_.done() && walk_.begin() < w.cut &&
+               walk_.end() - slice_begin <= kSliceBytes);
+      // Gaps between the slice's blocks hold no delivery: deliveries lie
+      // within the items' widened ranges, which are made of blocks.
+      RETURN_IF_ERROR(
+          Deliver(data + (slice_begin - w.offset), slice_begin, slice_end - slice_begin));
     }
     // Destinations that want few large writes get the whole window at once,
-    // while its bytes are still here.
+    // while its (verified) bytes are still here.
     for (auto& [destination, spans] : window_outbox_) {
       if (!spans.empty()) RETURN_IF_ERROR(destination->Write(spans));
       spans.clear();
     }
-    if (bytes < length && sink_ && sink_->started()) {  // cut inside an item
-      return absl::DataLossError(absl::StrCat(req_.path, " ends at ", offset + bytes,
-                                              " inside item ", req_.items[next_item_].fqn,
-                                              " (truncated file?)"));
-    }
     return absl::OkStatus();
   }
 
-  // After the last window: the header and every item must have been seen
-  // whole.
+  // After the last window: the header and every block must have been seen.
   absl::Status Finish() const {
     if (header_compared_ < req_.expected_header.size()) {
       return absl::DataLossError(absl::StrCat(req_.path, " ends inside its safetensors "
                                               "header (truncated file?)"));
     }
-    if (next_item_ == req_.items.size()) return absl::OkStatus();
+    if (walk_.done()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(req_.path, " ended before item ",
-                                            req_.items[next_item_].fqn,
+                                            req_.items[walk_.item()].fqn,
                                             " was complete (truncated file?)"));
   }
 
@@ -180,6 +289,32 @@ class WindowConsumer {
       }
     }
     if (to > header_compared_ && from == header_compared_) header_compared_ = to;
+    return absl::OkStatus();
+  }
+
+  // Hashes the walk's current block, which lies in window `w`, and matches
+  // it with the item's checksum.
+  absl::Status VerifyBlock(const char* data, const PlannedWindow& w, uint64_t bytes) {
+    const ItemRead& item = req_.items[walk_.item()];
+    const uint64_t begin = walk_.begin(), end = walk_.end();
+    if (begin < w.offset || end > w.cut) {  // the planner rules this out
+      return absl::InternalError(absl::StrCat("block [", begin, ", ", end, ") of item ",
+                                              item.fqn, " is not in window [", w.offset,
+                                              ", ", w.cut, ") of ", req_.path));
+    }
+    if (end > w.offset + bytes) {
+      return absl::DataLossError(absl::StrCat(req_.path, " ends at ", w.offset + bytes,
+                                              " inside item ", item.fqn,
+                                              " (truncated file?)"));
+    }
+    const uint64_t index = (begin - item.item_file_offset) / plan_.block;
+    if (index >= item.block_count ||
+        XXH3_64bits(data + (begin - w.offset), end - begin) != item.block_xxh3[index]) {
+      return absl::DataLossError(absl::StrCat(
+          "checksum mismatch in ", req_.path, ", item ", item.fqn, ", block ", index,
+          ": item bytes [", begin - item.item_file_offset, ", ",
+          end - item.item_file_offset, ") at file offset ", begin));
+    }
     return absl::OkStatus();
   }
 
@@ -207,90 +342,53 @@ class WindowConsumer {
     return absl::OkStatus();
   }
 
-  // Feeds file bytes [at, at + len) to the items' hashers, in item order.
-  absl::Status Hash(const char* data, uint64_t at, uint64_t len) {
-    while (next_item_ < req_.items.size()) {
-      if (!sink_) sink_.emplace(req_.items[next_item_], req_.checksum_block_bytes, req_.path);
-      if (sink_->span().begin >= at + len) break;
-      bool complete = false;
-      RETURN_IF_ERROR(sink_->Hash(data, at, len, &complete));
-      if (!complete) break;
-      sink_.reset();
-      ++next_item_;
-    }
-    return absl::OkStatus();
-  }
-
+  const ReadPlan& plan_;
   const ShardReadRequest& req_;
+  BlockWalk walk_;                          // the first block not yet verified
   std::vector<Transfer> transfers_;         // every delivery, by file offset
   size_t next_transfer_ = 0;                // the first not yet started
   std::vector<const Transfer*> under_way_;  // started, not finished
-  size_t next_item_ = 0;                    // the first not yet verified
   uint64_t header_compared_ = 0;            // expected header bytes matched
-  std::optional<ItemSink> sink_;
   Outbox outbox_;         // this slice's writes
   Outbox window_outbox_;  // this window's, for PrefersLargeWrites()
 };
 
-// The segments to read: each item's needed range widened to whole checksum
-// blocks, aligned for O_DIRECT, coalesced. Checks the request as it goes.
-absl::StatusOr<std::vector<Span>> Segments(const ShardReadRequest& req) {
-  const uint64_t block = req.checksum_block_bytes;
-  if (block == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("zero checksum block size for ", req.path));
-  }
-  std::vector<Span> segments;
-  if (!req.items.empty() && !req.expected_header.empty()) {
-    segments.push_back({0, AlignUp(req.expected_header.size())});
-  }
-  for (size_t i = 0; i < req.items.size(); ++i) {
-    const ItemRead& item = req.items[i];
-    bool bad = item.deliveries.empty() ||
-               item.item_file_offset + item.item_length > req.file_size;
-    for (const Delivery& d : item.deliveries) {
-      bad = bad || d.begin > d.end || d.end > item.item_length ||
-            d.destination == nullptr;
-    }
-    if (bad) {
-      return absl::InternalError(absl::StrCat("bad read range for item ",
-                                              item.fqn, " in ", req.path));
-    }
-    Span s = Widen(item, block);
-    if (i > 0 && s.begin < Widen(req.items[i - 1], block).end) {
-      return absl::InternalError(absl::StrCat(
-          "overlapping reads of item ", item.fqn, " in ", req.path));
-    }
-    s = {AlignDown(s.begin), AlignUp(s.end)};
-    if (!segments.empty() && s.begin <= segments.back().end) {
-      segments.back().end = std::max(segments.back().end, s.end);
-    } else {
-      segments.push_back(s);
-    }
-  }
-  return segments;
-}
-
-// The memory-image path: the same windows, served from RAM.
-absl::Status ReadImage(const ShardReadRequest& req, const std::vector<Span>& segments,
-                       uint64_t window_bytes) {
-  WindowConsumer consumer(req);
-  for (const Span& segment : segments) {
-    for (uint64_t at = segment.begin; at < segment.end; at += window_bytes) {
-      const uint64_t length = std::min(window_bytes, segment.end - at);
-      const uint64_t bytes = at >= req.file_size ? 0 : std::min(length, req.file_size - at);
-      RETURN_IF_ERROR(consumer.Consume(req.memory_image + at, at, length, bytes));
-    }
+// The memory-tier path: the same windows and checks, served from RAM. A
+// tier image is the save's own copy of its staging windows, taken after
+// they were hashed for the manifest (save/shard_writer.cc); nothing checked
+// it against the manifest on its way into RAM, and the daemon's memory can
+// be damaged too. So its bytes are verified here exactly like storage
+// bytes, each block before any of it is delivered.
+absl::Status ReadImage(const ReadPlan& plan, uint64_t window_bytes) {
+  const ShardReadRequest& req = *plan.req;
+  WindowConsumer consumer(plan);
+  WindowPlanner planner(plan, window_bytes);
+  while (!planner.done()) {
+    ASSIGN_OR_RETURN(const PlannedWindow w, planner.Next());
+    const uint64_t bytes =
+        w.offset >= req.file_size ? 0 : std::min(w.length, req.file_size - w.offset);
+    const char* data = bytes == 0 ? nullptr : req.memory_image + w.offset;
+    RETURN_IF_ERROR(consumer.Consume(data, w, bytes));
   }
   return consumer.Finish();
 }
 
+// A window submitted for reading. Its buffer's lease is with the pipeline
+// while the read is in flight and comes back here when the read is done.
+struct Window {
+  PlannedWindow planned;
+  bool done = false;
+  uint64_t bytes = 0;   // read (less than the length at end of file)
+  StagingLease buffer;  // set once done
+};
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
-  ASSIGN_OR_RETURN(std::vector<Span> segments, Segments(req));
-  if (segments.empty()) return 0;
+  ASSIGN_OR_RETURN(const ReadPlan plan, PlanRead(req, pool_->buffer_bytes()));
+  if (plan.segments.empty()) return 0;
   if (req.memory_image != nullptr) {
-    RETURN_IF_ERROR(ReadImage(req, segments, pool_->buffer_bytes()));
+    RETURN_IF_ERROR(ReadImage(plan, pool_->buffer_bytes()));
     return 0;
   }
 
@@ -306,36 +404,31 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   // its reads in flight (and let their buffers go) before the fd closes.
   IoPipeline pipeline(queue_);
   std::deque<Window> windows;  // submitted, in file order
-  size_t seg = 0;
-  uint64_t next_offset = segments[0].begin;
-  WindowConsumer consumer(req);
+  WindowPlanner planner(plan, pool_->buffer_bytes());
+  WindowConsumer consumer(plan);
   uint64_t bytes_read = 0;
   std::vector<IoPipeline::Finished> finished;
   const uint64_t max_in_flight = std::max<uint64_t>(1, queue_->depth());
 
   auto submit_more = [&]() -> absl::Status {
-    while (seg < segments.size() && windows.size() < max_in_flight) {
+    while (!planner.done() && windows.size() < max_in_flight) {
       // With nothing of its own in flight the reader may wait for a buffer;
-      // otherwise it must not, or it could wait for itself.
+      // otherwise it must not, or it could wait for itself. (It holds no
+      // buffer of a consumed window: see shard_reader.h.)
       StagingLease buffer =
           windows.empty() ? pool_->Acquire() : pool_->TryAcquire();
       if (!buffer) break;
       Window w;
-      w.offset = next_offset;
-      w.length = std::min<uint64_t>(buffer.size(), segments[seg].end - next_offset);
+      ASSIGN_OR_RETURN(w.planned, planner.Next());
       IoRequest read;
       read.kind = IoRequest::Kind::kRead;
       read.fd = fd.get();
       read.buffer = buffer.data();
-      read.length = static_cast<uint32_t>(w.length);
-      read.offset = w.offset;
-      read.tag = w.offset;
+      read.length = static_cast<uint32_t>(w.planned.length);
+      read.offset = w.planned.offset;
+      read.tag = w.planned.offset;
       RETURN_IF_ERROR(Annotate(pipeline.Start(read, std::move(buffer)), req.path));
       windows.push_back(std::move(w));
-      next_offset += windows.back().length;
-      if (next_offset == segments[seg].end && ++seg < segments.size()) {
-        next_offset = segments[seg].begin;
-      }
     }
     return absl::OkStatus();
   };
@@ -347,17 +440,18 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
     // Reads finished before a queue error are still taken back.
     for (IoPipeline::Finished& f : finished) {
       for (Window& w : windows) {
-        if (w.offset != f.tag) continue;
+        if (w.planned.offset != f.tag) continue;
         w.done = true;
         w.bytes = f.bytes;
         w.buffer = std::move(f.buffer);
         if (!f.status.ok() && error.ok()) error = Annotate(f.status, req.path);
+        // The page read again at a window seam counts once.
+        bytes_read += f.bytes - std::min(f.bytes, w.planned.overlap);
       }
-      bytes_read += f.bytes;
     }
     while (error.ok() && !windows.empty() && windows.front().done) {
       const Window& w = windows.front();
-      error = consumer.Consume(w.buffer.data(), w.offset, w.length, w.bytes);
+      error = consumer.Consume(w.buffer.data(), w.planned, w.bytes);
       windows.pop_front();  // its buffer goes back to the pool
     }
     if (error.ok()) error = submit_more();
@@ -376,7 +470,7 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   uint64_t header_only = 0;
   if (!req.expected_header.empty()) {
     header_only = std::min(AlignUp(req.expected_header.size()),
-                           AlignDown(Widen(req.items.front(), req.checksum_block_bytes).begin));
+                           AlignDown(plan.spans.front().begin));
   }
   return bytes_read - std::min(bytes_read, header_only);
 }

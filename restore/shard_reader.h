@@ -9,17 +9,31 @@
 // is covered by a verified block), the widened ranges are coalesced and read
 // with O_DIRECT in staging-buffer-sized windows, up to the queue depth in
 // flight. With an expected header, the file's first bytes are read too and
-// must match it. Windows are consumed in file order, so each item's hasher sees its
-// bytes in order whatever order the reads complete in. A window is consumed
-// in cache-sized slices: a slice's deliveries go out first (one batched write
-// per destination), then the slice is hashed while it is still in the
-// core's cache, so the bytes cross memory once. A mismatch fails the whole
-// read with DataLoss naming file, item and byte range.
+// must match it before any item byte of the same window goes out.
+//
+// Verify, then deliver. The storage root is untrusted (invariant 10): no
+// byte of a checksum block reaches any destination (a trainer's memory, a
+// GPU, anything outside the staging buffer it was read into) before the
+// whole block has been hashed and matched. So every block must lie whole in
+// one window: each window ends where no block is cut (at a block boundary,
+// the end of an item's range, or a byte no item needs), and the next window
+// starts at the 4 KiB page holding that point, so at most one page is read
+// twice (counted once). A block then needs a window of up to its size plus
+// one page: MaxChecksumBlockBytes(buffer_bytes) is the largest block a pool
+// can verify, and a read of larger blocks is refused before anything is
+// read (FailedPrecondition). Windows are consumed in file order; each is
+// handled in cache-sized slices of whole blocks, hashed and then copied out
+// while still in the core's cache, so bytes cross memory about once. A
+// mismatch fails the whole read with DataLoss naming file, item, block and
+// byte range; bytes of that block and of every later one were not
+// delivered (earlier, verified blocks may have been).
 //
 // Staging buffers: every window borrows one; it stays with the IoPipeline
 // while its read is in flight, so when Read returns, on any path, every
 // buffer is back in the pool and none went back early (a queue that fails
 // for good keeps the buffers of its lost reads out of the pool instead).
+// A window never holds on to another window's buffer, so a reader holds at
+// most queue-depth buffers and never waits for a buffer while it holds one.
 //
 // Ownership: borrows everything passed to Read. Thread-safety: one call at a
 // time per object.
@@ -37,6 +51,15 @@
 #include "storage/storage_dir.h"
 
 namespace ckpt {
+
+// The largest checksum block that staging buffers of `buffer_bytes` can
+// verify whole before delivering it: a block may start anywhere in a 4 KiB
+// page, and an O_DIRECT window starts on one. Zero if the buffers are too
+// small for any block. The daemon refuses options that save blocks it could
+// not restore.
+inline uint64_t MaxChecksumBlockBytes(uint64_t buffer_bytes) {
+  return buffer_bytes > 4096 ? buffer_bytes - 4096 : 0;
+}
 
 // Bytes [begin, end) of an item, to `remote` in `destination`.
 struct Delivery {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
 #include "restore/shard_reader.h"
@@ -26,10 +27,19 @@ class Discard final : public MemorySource {
 
 absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
                                           StagingPool* pool, IoQueue& queue,
+                                          CheckpointLeases& leases,
                                           const std::string& job,
                                           const std::string& checkpoint) {
-  ASSIGN_OR_RETURN(v1::CommitRecord record,
-                   store.ReadCommit(job, checkpoint.empty() ? "latest" : checkpoint));
+  // The name first, then the lease, then COMMIT: read after the lease, a
+  // COMMIT that exists stays until the lease goes.
+  std::string name = checkpoint.empty() ? std::string(kLatestAlias) : checkpoint;
+  if (name == kLatestAlias) {
+    ASSIGN_OR_RETURN(name, store.ResolveLatest(job));
+  }
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
+  ASSIGN_OR_RETURN(const CheckpointLease lease, leases.Hold(job, name));
+  ASSIGN_OR_RETURN(v1::CommitRecord record, store.ReadCommit(job, name));
   const v1::Manifest& index = record.index();
   ASSIGN_OR_RETURN(StorageDir dir, store.OpenCheckpoint(index.job(), index.checkpoint()));
   v1::VerifyResponse response;
@@ -105,10 +115,11 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
 }  // namespace
 
 void VerifyCheckpoint(const CheckpointStore* store, StagingPool* pool,
-                      IoWorkers* workers, std::string job, std::string checkpoint,
+                      IoWorkers* workers, CheckpointLeases* leases,
+                      std::string job, std::string checkpoint,
                       std::function<void(absl::StatusOr<v1::VerifyResponse>)> done) {
   workers->Post([=, done = std::move(done)](IoQueue& queue) {
-    done(Verify(*store, pool, queue, job, checkpoint));
+    done(Verify(*store, pool, queue, *leases, job, checkpoint));
   });
 }
 

@@ -7,7 +7,14 @@
 // file, item and byte range), not stopped at, so one run reports all the
 // damage.
 //
-// Thread-safety: runs on an I/O worker; `done` is called there.
+// The checkpoint is leased (CheckpointLeases) from before its COMMIT is read
+// until the last byte is checked, so retention cannot delete it under the
+// verify and make it report files it deleted as damage: a checkpoint that
+// retention is already deleting is NotFound, as one deleted a moment
+// earlier would be.
+//
+// Thread-safety: runs on an I/O worker; `done` is called there. The store,
+// pool, workers and leases must outlive the call.
 #pragma once
 
 #include <functional>
@@ -17,12 +24,14 @@
 #include "ckpt/v1/control.pb.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
+#include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt {
 
 void VerifyCheckpoint(const CheckpointStore* store, StagingPool* pool,
-                      IoWorkers* workers, std::string job, std::string checkpoint,
+                      IoWorkers* workers, CheckpointLeases* leases,
+                      std::string job, std::string checkpoint,
                       std::function<void(absl::StatusOr<v1::VerifyResponse>)> done);
 
 }  // namespace ckpt

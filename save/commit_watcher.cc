@@ -5,15 +5,20 @@
 
 namespace ckpt {
 
-CommitWatcher::CommitWatcher(absl::Duration interval)
-    : interval_(interval), thread_([this] { Run(); }) {}
+CommitWatcher::CommitWatcher(absl::Duration interval) : interval_(interval) {
+  absl::MutexLock lock(&join_mu_);
+  thread_ = std::thread([this] { Run(); });
+}
 
-CommitWatcher::~CommitWatcher() {
+CommitWatcher::~CommitWatcher() { Stop(); }
+
+void CommitWatcher::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  absl::MutexLock lock(&join_mu_);
+  if (thread_.joinable()) thread_.join();
 }
 
 void CommitWatcher::Watch(Attempt attempt) {

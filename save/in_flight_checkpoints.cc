@@ -1,9 +1,11 @@
 #include "save/in_flight_checkpoints.h"
 
+#include <algorithm>
 #include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -13,7 +15,65 @@ namespace {
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
+// Ascending `ranks` as runs ("0, 2-5, 9"). A reason goes to every waiter of
+// the checkpoint in each progress message, so a long list is cut after
+// kMaxRuns runs.
+std::string RankRuns(const std::vector<uint32_t>& ranks) {
+  constexpr size_t kMaxRuns = 16;
+  std::vector<std::string> runs;
+  size_t i = 0;
+  while (i < ranks.size() && runs.size() < kMaxRuns) {
+    size_t last = i;
+    while (last + 1 < ranks.size() && ranks[last + 1] == ranks[last] + 1) {
+      ++last;
+    }
+    runs.push_back(last == i ? absl::StrCat(ranks[i])
+                             : absl::StrCat(ranks[i], "-", ranks[last]));
+    i = last + 1;
+  }
+  std::string text = absl::StrJoin(runs, ", ");
+  if (i < ranks.size()) absl::StrAppend(&text, " and ", ranks.size() - i, " more");
+  return text;
+}
+
 }  // namespace
+
+std::string MissingLocalRanks(uint32_t world_size, uint32_t local_ranks,
+                              uint32_t node_id,
+                              const std::vector<uint32_t>& submitted) {
+  const uint64_t missing =
+      local_ranks - std::min<uint64_t>(submitted.size(), local_ranks);
+  // The global ranks this node runs: all of them when the whole job is
+  // here, else torchrun's block for this node if the ranks that submitted
+  // fit it (they are certainly this node's: a session names its node).
+  const uint64_t first =
+      local_ranks == world_size ? 0 : uint64_t{node_id} * local_ranks;
+  const uint64_t end = first + local_ranks;
+  const bool block_fits =
+      end <= world_size &&
+      std::all_of(submitted.begin(), submitted.end(),
+                  [&](uint32_t r) { return r >= first && r < end; });
+  if (!block_fits) {
+    return absl::StrCat(
+        missing, missing == 1 ? " rank" : " ranks",
+        " this node cannot name (the ranks that submitted are not node ",
+        node_id, "'s block ", first, "-", end - 1, " of torchrun's numbering)");
+  }
+  std::vector<uint32_t> names;
+  for (uint64_t r = first; r < end; ++r) {
+    if (!std::binary_search(submitted.begin(), submitted.end(),
+                            static_cast<uint32_t>(r))) {
+      names.push_back(static_cast<uint32_t>(r));
+    }
+  }
+  std::string text =
+      absl::StrCat(names.size() == 1 ? "rank " : "ranks ", RankRuns(names));
+  if (local_ranks != world_size) {
+    absl::StrAppend(&text, " (node ", node_id, "'s block ", first, "-",
+                    end - 1, " in torchrun's numbering)");
+  }
+  return text;
+}
 
 uint64_t InFlightCheckpoints::commits_retired() const {
   absl::MutexLock lock(&mu_);
@@ -42,6 +102,7 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
     entry.checkpoint = std::make_shared<CheckpointAttempt>(
         request.job, request.name, session.world_size(),
         session.local_world_size());
+    entry.started_at = std::chrono::steady_clock::now();
     it = entries_.emplace(key, std::move(entry)).first;
   } else {
     const Entry& entry = it->second;
@@ -76,6 +137,7 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
   auto part = std::make_shared<SavePart>();
   part->id = next_save_id_++;
   part->rank = session.rank();
+  part->session_id = session.id();
   part->session = std::move(request.session);
   part->checkpoint = entry.checkpoint;
   part->tensors = std::move(request.tensors);
@@ -96,7 +158,7 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
   progress.set_total_bytes(total);
   progress.set_accepted_unix_micros(NowMicros());
   progress.set_ranks_submitted(entry.parts.size());
-  board_->Add(part->session->id(), progress, out);
+  board_->Add(part->session_id, progress, out);
   for (const auto& [rank, other] : entry.parts) {
     if (other == part) continue;
     board_->Update(
@@ -116,6 +178,11 @@ InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
     return result;  // cannot happen: retired after its parts
   Entry& entry = it->second;
   ++entry.finished_parts;
+  // The worker (our caller) is done with the trainer's memory: the part
+  // lets go of its session, so once the trainer hangs up the daemon holds
+  // none of its descriptors, even while the checkpoint waits for the other
+  // nodes or its commit.
+  if (auto own = parts_.find(part.id); own != parts_.end()) own->second->session.reset();
   if (entry.final_phase == v1::PHASE_UNSPECIFIED) {
     if (status.ok()) {
       result.node_durable =
@@ -183,14 +250,50 @@ std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Commit(
 
 std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Fail(
     const CheckpointAttempt& checkpoint, std::string reason,
-    ListenerCalls* out) {
+    ListenerCalls* out, bool manifest_unused) {
   absl::MutexLock lock(&mu_);
   auto it = FindLocked(checkpoint);
   if (it == entries_.end() || it->second.final_phase != v1::PHASE_UNSPECIFIED) {
     return std::nullopt;
   }
+  it->second.manifest_unused = manifest_unused;
   EndLocked(it->second, v1::PHASE_FAILED, std::move(reason), out);
   return MaybeRetireLocked(it);
+}
+
+InFlightCheckpoints::RanksCheck InFlightCheckpoints::ExpireMissingRanks(
+    const CheckpointAttempt& checkpoint,
+    std::chrono::steady_clock::duration timeout, uint32_t node_id,
+    ListenerCalls* out) {
+  RanksCheck result;
+  absl::MutexLock lock(&mu_);
+  auto it = FindLocked(checkpoint);
+  if (it == entries_.end()) return result;  // retired: nothing waits
+  Entry& entry = it->second;
+  if (entry.final_phase != v1::PHASE_UNSPECIFIED ||
+      entry.parts.size() >= checkpoint.local_ranks) {
+    return result;  // ended, or every local rank is in
+  }
+  if (std::chrono::steady_clock::now() - entry.started_at < timeout) {
+    result.waiting = true;
+    return result;
+  }
+  std::vector<uint32_t> submitted;  // ascending: `parts` is by rank
+  for (const auto& [rank, part] : entry.parts) submitted.push_back(rank);
+  EndLocked(
+      entry, v1::PHASE_FAILED,
+      absl::StrCat(
+          MissingLocalRanks(checkpoint.world_size, checkpoint.local_ranks,
+                            node_id, submitted),
+          " did not submit within ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(timeout)
+              .count(),
+          " ms of the first part (", submitted.size(), " of ",
+          checkpoint.local_ranks, " local ranks submitted: ",
+          RankRuns(submitted), ")"),
+      out);
+  result.retired = MaybeRetireLocked(it);
+  return result;
 }
 
 absl::Status InFlightCheckpoints::CheckCancellable(const Entry& entry) {
@@ -211,7 +314,7 @@ absl::StatusOr<InFlightCheckpoints::Cancelled> InFlightCheckpoints::CancelSave(
   Cancelled result;
   absl::MutexLock lock(&mu_);
   auto part = parts_.find(save_id);
-  if (part == parts_.end() || part->second->session->id() != session.id()) {
+  if (part == parts_.end() || part->second->session_id != session.id()) {
     // A save that already left the set ended: there is nothing to cancel.
     if (part == parts_.end() && board_->Owns(session.id(), save_id))
       return result;
@@ -345,7 +448,7 @@ InFlightCheckpoints::MaybeRetireLocked(Entries::iterator it) {
   }
   if (entry.final_phase == v1::PHASE_COMMITTED) {
     ++commits_retired_;
-  } else if (entry.manifest_written) {
+  } else if (entry.manifest_written && !entry.manifest_unused) {
     retired.files_action = Retired::Files::kLeaveForGc;
   } else if (entry.checkpoint->prepared.load()) {
     // Stays in the set until the files are gone, so that a new attempt of

@@ -5,7 +5,9 @@
 // and moves through these states (each part's published phase in
 // brackets):
 //
-//   writing   parts join until local_ranks have [ACCEPTED, STAGED]
+//   writing   parts join until local_ranks have [ACCEPTED, STAGED]; if
+//             they have not all joined within the local-ranks timeout of
+//             the first, it ends FAILED naming the missing ranks
 //   durable   every local part is durable: the node manifest is being
 //             written, then is written [DURABLE]; from here on another
 //             node may commit with this node's files, so it can no longer
@@ -47,6 +49,16 @@
 #include "session/session.h"
 
 namespace ckpt {
+
+// The local ranks of an attempt that have not submitted, for its failure
+// reason. The daemon learns a rank's number only from its session, so a
+// rank that never connected is known only by count; it is named when the
+// numbering leaves no doubt (all of the job's ranks run on this node) or
+// follows torchrun's (node n runs ranks n*local .. n*local+local-1, and
+// every rank that did submit is one of them). `submitted` is sorted.
+std::string MissingLocalRanks(uint32_t world_size, uint32_t local_ranks,
+                              uint32_t node_id,
+                              const std::vector<uint32_t>& submitted);
 
 class InFlightCheckpoints {
  public:
@@ -119,8 +131,26 @@ class InFlightCheckpoints {
                                 ListenerCalls* out);
 
   // Ends the attempt FAILED with `reason`, unless it already ended.
+  // `manifest_unused`: no node can commit with this node's manifest any
+  // more (a single-node job whose COMMIT write failed and was taken back),
+  // so its files are removed as before the manifest, not left for gc.
   std::optional<Retired> Fail(const CheckpointAttempt& checkpoint,
-                              std::string reason, ListenerCalls* out);
+                              std::string reason, ListenerCalls* out,
+                              bool manifest_unused = false);
+
+  // The local-ranks deadline: while the attempt still waits for some of its
+  // local ranks to submit, and `timeout` has passed since its first part
+  // joined, ends it FAILED with a reason naming the missing ranks (as far
+  // as node `node_id` can tell them, MissingLocalRanks). `waiting` stays
+  // true only while the deadline has not come and ranks are missing; once
+  // false, no further check is needed.
+  struct RanksCheck {
+    bool waiting = false;
+    std::optional<Retired> retired;
+  };
+  RanksCheck ExpireMissingRanks(const CheckpointAttempt& checkpoint,
+                                std::chrono::steady_clock::duration timeout,
+                                uint32_t node_id, ListenerCalls* out);
 
   struct Cancelled {
     uint32_t saves = 0;  // parts cancelled; 0 if the attempt had ended
@@ -153,6 +183,8 @@ class InFlightCheckpoints {
     uint32_t finished_parts = 0;  // their workers are done with them
     uint32_t durable_parts = 0;
     bool manifest_written = false;
+    bool manifest_unused = false;  // Fail's: no node can commit with it
+    std::chrono::steady_clock::time_point started_at;  // its first part
     std::chrono::steady_clock::time_point durable_at;
     v1::Phase final_phase = v1::PHASE_UNSPECIFIED;
     std::string reason;

@@ -10,6 +10,7 @@
 #include "common/save_phase.h"
 #include "common/status.h"
 #include "save/shard_writer.h"
+#include "storage/job_ownership.h"
 #include "storage/storage_dir.h"
 
 namespace ckpt {
@@ -35,8 +36,12 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
   if (part.cancelled.load())
     return absl::CancelledError("cancelled before it started");
   std::call_once(cp.prepare_once, [&] {
+    // The job is its first saver's (storage/job_ownership.h); the service
+    // checked the owner already, this settles a race of two new jobs.
+    cp.prepare_status = ClaimJob(*store_, cp.job, part.session->uid());
+    if (!cp.prepare_status.ok()) return;
     cp.prepare_status =
-        store_->PrepareForSave(cp.job, cp.name, options_.node_id);
+        store_->PrepareForSave(cp.job, cp.name, options_.node_id, file_ops_);
     cp.prepared = true;
   });
   RETURN_IF_ERROR(cp.prepare_status);

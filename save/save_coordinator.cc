@@ -1,5 +1,6 @@
 #include "save/save_coordinator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -18,8 +19,15 @@
 namespace ckpt {
 namespace {
 
-// How often a durable node looks for the COMMIT another node writes.
+// How often a durable node looks for the COMMIT another node writes, and
+// how often an attempt still waiting for local ranks checks its deadline.
 constexpr absl::Duration kCommitPollInterval = absl::Milliseconds(50);
+
+// A local-ranks timeout beyond 2^40 ms (~34 years) is no timeout at all;
+// capped so that steady_clock's nanosecond arithmetic cannot overflow.
+std::chrono::steady_clock::duration LocalRanksTimeout(uint64_t ms) {
+  return std::chrono::milliseconds(std::min<uint64_t>(ms, uint64_t{1} << 40));
+}
 
 using ListenerCalls = SaveProgressBoard::ListenerCalls;
 
@@ -36,7 +44,7 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       leases_(leases),
       tier_(tier),
       file_ops_(file_ops),
-      commit_(store),
+      commit_(store, file_ops),
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},
@@ -96,6 +104,13 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
   } while (absl::IsAborted(part.status()));
   calls.Run();
   if (!part.ok()) return part.status();
+  // No wait without an end: an attempt that waits for other local ranks
+  // fails if they have not all submitted within the timeout. One check per
+  // attempt, on the commit watcher's timer rather than a thread of its own.
+  const std::shared_ptr<CheckpointAttempt>& attempt = (*part)->checkpoint;
+  if (attempt->local_ranks > 1 && !attempt->ranks_deadline_armed.exchange(true)) {
+    watcher_.Watch([this, attempt] { return CheckLocalRanks(attempt); });
+  }
   workers_->Post(
       [this, part = *part](IoQueue& queue) { RunPart(part, queue); });
   return (*part)->id;
@@ -160,8 +175,17 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
     tier_->MarkCommitted(cp->job, cp->name);
     retired = checkpoints_.Commit(*cp, &calls);
   } else if (!committed.ok()) {
+    // A node that alone commits (one node) knows nobody else writes this
+    // COMMIT: once a failed write is taken back (a full disk at its
+    // directory's fsync leaves it in place), its files can go, so a full
+    // disk is not left full of a checkpoint that can never commit. With
+    // several nodes, another may be committing with this node's manifest
+    // right now: its files stay for gc.
+    const bool manifest_unused =
+        options_.nodes == 1 && WithdrawFailedCommit(*cp);
     retired = checkpoints_.Fail(
-        *cp, absl::StrCat("commit: ", committed.status().message()), &calls);
+        *cp, absl::StrCat("commit: ", committed.status().message()), &calls,
+        manifest_unused);
   } else if (*waited >= std::chrono::milliseconds(options_.commit_timeout_ms)) {
     const auto present = store_->ListNodeManifests(cp->job, cp->name);
     retired = checkpoints_.Fail(
@@ -181,6 +205,30 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
   FinishRetirement(std::move(retired));
   if (committed_here) AfterCommit(*cp);
   return true;
+}
+
+bool SaveCoordinator::CheckLocalRanks(
+    const std::shared_ptr<CheckpointAttempt>& cp) {
+  ListenerCalls calls;
+  InFlightCheckpoints::RanksCheck check = checkpoints_.ExpireMissingRanks(
+      *cp, LocalRanksTimeout(options_.local_ranks_timeout_ms), options_.node_id,
+      &calls);
+  calls.Run();
+  // The parts that did arrive are cancelled; their files go the way of
+  // every failed attempt's (removed once no worker writes them), and the
+  // name is free again after that.
+  FinishRetirement(std::move(check.retired));
+  return !check.waiting;
+}
+
+bool SaveCoordinator::WithdrawFailedCommit(const CheckpointAttempt& cp) {
+  const absl::Status withdrawn = store_->WithdrawCommit(cp.job, cp.name);
+  if (!withdrawn.ok()) {
+    LogError("checkpoint ", cp.key,
+             ": its COMMIT write failed and cannot be taken back (",
+             withdrawn.ToString(), "); leaving its files to gc");
+  }
+  return withdrawn.ok();
 }
 
 void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {

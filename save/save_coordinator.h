@@ -13,17 +13,21 @@
 // manifest (DURABLE) and tries to commit (CommitProtocol). If other nodes
 // are not done yet, the CommitWatcher retries until COMMIT exists (written
 // by whichever node finished last) or commit_timeout_ms passes. Any part
-// failing, a cancel, or a rank whose session closes before it submitted
-// ends the whole attempt: its other parts are cancelled and, once no worker
-// uses it, this node's files are removed (on an I/O worker), so nothing
-// partial is ever committed. Once this node's parts are all durable, its
-// manifest may be used by any node's commit: a cancel is refused from then
-// on.
+// failing, a cancel, a rank whose session closes before it submitted, or
+// local ranks that have not all submitted within local_ranks_timeout_ms of
+// the first (the failure names them) ends the whole attempt: every waiter
+// hears FAILED or CANCELLED with the reason, its other parts are cancelled
+// and, once no worker uses it, this node's files are removed (on an I/O
+// worker) and its name is free again, so nothing partial is ever
+// committed. Once this node's parts are all durable, its manifest may be
+// used by any node's commit: a cancel is refused from then on.
 //
 // Ownership: borrows the store, pool, workers, leases, tier and file
 // operations, which outlive it; the I/O workers must finish their queued
-// tasks (which may post more) before it is destroyed. Owns the pieces
-// above; the destructor stops the commit watcher first.
+// tasks (which may post more) before it is destroyed, and since the commit
+// watcher's checks post to the workers too, call StopWatching before the
+// workers go. Owns the pieces above; the destructor stops the commit
+// watcher first.
 // Thread-safety: all public methods may be called from any thread; storage
 // is touched only by the I/O workers, the commit watcher and (a stat for an
 // existing COMMIT) Submit. Lock order: InFlightCheckpoints' lock, then the
@@ -63,8 +67,9 @@ class SaveCoordinator {
   using Listener = SaveProgressBoard::Listener;
 
   // `file_ops` makes this node's files durable: each data file's ftruncate
-  // and fsync, and every step of the node manifest's write. Tests pass one
-  // that fails a step; the I/O workers' queues are the other seam.
+  // and fsync, and every step of the node manifest's and COMMIT's writes.
+  // Tests pass one that fails a step; the I/O workers' queues are the
+  // other seam.
   SaveCoordinator(const SaveOptions& options, const CheckpointStore* store,
                   StagingPool* pool, IoWorkers* workers,
                   CheckpointLeases* leases, MemoryTier* tier,
@@ -107,6 +112,11 @@ class SaveCoordinator {
   // the session's rank.
   void OnSessionClosed(const std::shared_ptr<Session>& session);
 
+  // Stops the commit watcher (commit retries, local-ranks deadlines), which
+  // posts to the I/O workers: call it before they are destroyed. Attempts
+  // handed to it later are kept, never run (as after a daemon stop).
+  void StopWatching() { watcher_.Stop(); }
+
  private:
   using Retired = InFlightCheckpoints::Retired;
 
@@ -117,8 +127,14 @@ class SaveCoordinator {
   // One commit attempt; true once no further attempt is needed (committed,
   // failed or timed out).
   bool TryCommit(const std::shared_ptr<CheckpointAttempt>& checkpoint);
+  // The attempt's local-ranks deadline (InFlightCheckpoints::
+  // ExpireMissingRanks); true once no further check is needed.
+  bool CheckLocalRanks(const std::shared_ptr<CheckpointAttempt>& checkpoint);
   // After commit: retention, and the memory tier's images made readable.
   void AfterCommit(const CheckpointAttempt& checkpoint);
+  // After a failed COMMIT write of a single-node job: removes a COMMIT the
+  // write left in place; true once none is there (durably).
+  bool WithdrawFailedCommit(const CheckpointAttempt& checkpoint);
   // What an attempt that left the set still needs, outside every lock.
   void FinishRetirement(std::optional<Retired> retired);
 

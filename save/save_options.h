@@ -13,6 +13,7 @@ struct SaveOptions {
   uint32_t nodes = 1;
   uint64_t checksum_block_bytes = 1ull << 20;
   uint64_t commit_timeout_ms = 600'000;
+  uint64_t local_ranks_timeout_ms = 600'000;
   uint32_t keep_last = 0;
   uint32_t max_items_per_save = 1u << 20;
   uint64_t write_rate_limit = 0;

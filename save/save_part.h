@@ -50,11 +50,21 @@ struct CheckpointAttempt {
   // This node touched the directory: its files must be removed if the
   // attempt fails before its node manifest is written.
   std::atomic<bool> prepared{false};
+  // Set by the one Submit that hands the attempt's local-ranks deadline to
+  // the commit watcher (the first to find it unset), so each attempt has
+  // one deadline check however many ranks submit at once.
+  std::atomic<bool> ranks_deadline_armed{false};
 };
 
 struct SavePart {
   uint64_t id = 0;  // the save id the trainer holds
   uint32_t rank = 0;
+  uint64_t session_id = 0;  // the session that submitted it
+  // The trainer's session, for the worker (its memory, its uid). Dropped,
+  // under InFlightCheckpoints' lock, once the worker is done with the part
+  // (FinishPart): a part that waits for other nodes or for the commit must
+  // not keep a departed trainer's pidfd and memory file open. Read only by
+  // the worker before then.
   std::shared_ptr<Session> session;
   std::shared_ptr<CheckpointAttempt> checkpoint;
   std::shared_ptr<const TensorLayout> tensors;  // shared across saves

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/crash_point.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -128,10 +129,10 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
   }
   // O_EXCL: a file (or a symlink) already under the name is EEXIST, someone
   // else's, and not ours to remove.
-  absl::StatusOr<UniqueFd> opened =
-      dir->OpenFile(name, O_WRONLY | O_CREAT | O_EXCL | O_DIRECT, 0644);
+  absl::StatusOr<int> opened = file_ops_.CreateDirect(*dir, name);
   if (!opened.ok()) return Annotate(opened.status(), "create data file (O_DIRECT)");
-  UniqueFd fd = *std::move(opened);
+  UniqueFd fd(*opened);
+  CrashPoint("data", "created");  // common/crash_point.h: inert unless armed
   absl::StatusOr<ShardWriteResult> result = WriteWindows(req, fd.get());
   if (result.ok()) {
     // Trim the O_DIRECT padding so the file size is exact, then make it
@@ -140,6 +141,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     absl::Status durable =
         file_ops_.Truncate(fd.get(), req.layout->file_size, req.path);
     if (durable.ok()) durable = file_ops_.Fsync(fd.get(), req.path);
+    if (durable.ok()) CrashPoint("data", "synced");
     if (durable.ok()) return result;
     result = durable;
   }

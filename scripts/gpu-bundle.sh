@@ -20,6 +20,7 @@ binaries=(
   build/tests/ckpt_integration_tests
   build/tests/ckpt-gpu-trainer
   build/tests/ckpt-binding-probe
+  build/tests/ckpt-access-probe
 )
 rm -rf gpu-bundle
 mkdir -p gpu-bundle/bin gpu-bundle/lib

@@ -12,6 +12,9 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 packages=(
   build-essential cmake pkg-config git
   clang  # scripts/check-thread-safety.sh: lock annotations checked at compile time
+  # The sanitizer and libFuzzer runtimes (only recommended by clang):
+  # scripts/check-sanitizers.sh, scripts/run-fuzzers.sh.
+  libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libxxhash-dev catch2
   fio python3 python3-venv python3-dev pybind11-dev

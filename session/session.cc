@@ -8,13 +8,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
+#include "common/unix_listener.h"
 
 namespace ckpt {
 namespace {
@@ -33,10 +36,19 @@ absl::StatusOr<std::string> RandomToken() {
   return token;
 }
 
+// How long the handshake loop waits before accepting again after the
+// process or the system ran out of descriptors or memory.
+constexpr int kStarvedRetryMs = 100;
+
+bool IsStarvation(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
 }  // namespace
 
 Session::Session(uint64_t id, std::string token,
-                 std::unique_ptr<PeerProcess> peer, const SessionGpu& gpu)
+                 std::unique_ptr<PeerProcess> peer, const SessionGpu& gpu,
+                 std::shared_ptr<LayoutBudget> layouts)
     : id_(id),
       token_(std::move(token)),
       peer_(std::move(peer)),
@@ -59,13 +71,23 @@ Session::Session(uint64_t id, std::string token,
              return taken;
            },
            gpu.copy_timeout),
-      memory_(peer_.get(), &gpu_) {}
+      memory_(peer_.get(), &gpu_),
+      layout_budget_(layouts != nullptr ? std::move(layouts)
+                                        : LayoutBudget::Create(LayoutLimits{})) {}
 
 Session::~Session() { gpu_.ReleaseAll(); }
 
 void Session::MarkClosed() {
   closed_ = true;
   gpu_.ReleaseAll();
+  // Their memory (and budget) goes back now, not when the last reference
+  // to the session does: a watch stream or a save may hold that for long.
+  std::vector<std::shared_ptr<const TensorLayout>> layouts;
+  {
+    absl::MutexLock lock(&mu_);
+    layouts.swap(layouts_);
+  }
+  // Freed here, outside the lock: a large layout takes a while to free.
 }
 
 absl::Status Session::Open(const v1::OpenSessionRequest& request,
@@ -199,14 +221,47 @@ absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
   return r.address + ref.offset();
 }
 
+absl::Status Session::CheckLayoutRoom(uint64_t bytes) const {
+  return layout_budget_->CheckRoom(id_, bytes);
+}
+
 absl::StatusOr<uint64_t> Session::AddLayout(
     std::shared_ptr<const TensorLayout> layout) {
+  // Measured before the lock: it walks every item.
+  const uint64_t bytes = LayoutBytes(*layout);
+  {
+    absl::MutexLock lock(&mu_);
+    if (layouts_.size() >= kMaxLayoutsPerSession) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a session may define at most ", kMaxLayoutsPerSession, " layouts"));
+    }
+  }
+  if (closed_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id_, " has ended"));
+  }
+  ASSIGN_OR_RETURN(LayoutBudget::Charge charge, layout_budget_->Reserve(id_, bytes));
+  // The charge lives as long as the layout's memory: every copy of the
+  // pointer handed out (FindLayout, to saves) shares ownership of both.
+  struct Charged {
+    std::shared_ptr<const TensorLayout> layout;
+    LayoutBudget::Charge charge;
+  };
+  auto held = std::make_shared<Charged>(Charged{std::move(layout), std::move(charge)});
+  std::shared_ptr<const TensorLayout> charged(held, held->layout.get());
   absl::MutexLock lock(&mu_);
+  // Checked again: another DefineLayout may have added one meanwhile, or
+  // the session may have ended (MarkClosed emptied the list).
   if (layouts_.size() >= kMaxLayoutsPerSession) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a session may define at most ", kMaxLayoutsPerSession, " layouts"));
   }
-  layouts_.push_back(std::move(layout));
+  if (closed_.load()) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", id_, " has ended"));
+  }
+  layouts_.push_back(std::move(charged));
+  LogDebug("session ", id_, ": layout ", layouts_.size(), " of ",
+           layouts_.back()->items.size(), " items holds ", bytes, " bytes");
   return layouts_.size();
 }
 
@@ -232,52 +287,30 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> Session::FindLayout(
 }
 
 absl::StatusOr<std::unique_ptr<SessionRegistry>> SessionRegistry::Start(
-    const std::string& path, uint32_t max_sessions, SessionGpu gpu,
-    ClosedCallback on_closed) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path too long: ", path));
-  }
+    const std::string& path, const SocketAccess& access, uint32_t max_sessions,
+    SessionGpu gpu, ClosedCallback on_closed, LayoutLimits layouts) {
   // Bound under a temporary name; Publish gives it its name.
-  const std::string unpublished = UnpublishedPath(path);
-  if (unpublished.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("socket path too long: ", unpublished));
-  }
-  std::memcpy(addr.sun_path, unpublished.c_str(), unpublished.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  for (const std::string& stale : {path, unpublished}) {
-    if (::unlink(stale.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoToStatus(errno, absl::StrCat("remove stale socket ", stale));
-    }
-  }
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("bind ", unpublished));
-  }
-  if (::listen(fd.get(), 128) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("listen ", unpublished));
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, ListenUnpublished(path, access));
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
   std::unique_ptr<SessionRegistry> registry(new SessionRegistry(
       std::move(fd), std::move(wake), path, max_sessions, std::move(gpu),
-      std::move(on_closed)));
+      std::move(on_closed), layouts));
   registry->thread_ = std::thread([r = registry.get()] { r->Run(); });
   return registry;
 }
 
 SessionRegistry::SessionRegistry(UniqueFd listener, UniqueFd wake,
                                  std::string path, uint32_t max_sessions,
-                                 SessionGpu gpu, ClosedCallback on_closed)
+                                 SessionGpu gpu, ClosedCallback on_closed,
+                                 LayoutLimits layouts)
     : listener_(std::move(listener)),
       wake_(std::move(wake)),
       path_(std::move(path)),
       max_sessions_(max_sessions),
       gpu_(gpu),
-      on_closed_(std::move(on_closed)) {}
+      on_closed_(std::move(on_closed)),
+      layouts_(LayoutBudget::Create(layouts)) {}
 
 SessionRegistry::~SessionRegistry() {
   const uint64_t one = 1;
@@ -286,20 +319,10 @@ SessionRegistry::~SessionRegistry() {
   }
   if (thread_.joinable()) thread_.join();
   ::unlink(path_.c_str());
-  ::unlink(UnpublishedPath(path_).c_str());
+  ::unlink(UnpublishedSocketPath(path_).c_str());
 }
 
-std::string SessionRegistry::UnpublishedPath(const std::string& path) {
-  return path + ".new";
-}
-
-absl::Status SessionRegistry::Publish() {
-  const std::string unpublished = UnpublishedPath(path_);
-  if (::rename(unpublished.c_str(), path_.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("rename ", unpublished, " to ", path_));
-  }
-  return absl::OkStatus();
-}
+absl::Status SessionRegistry::Publish() { return PublishUnixSocket(path_); }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
     const std::string& token) const {
@@ -327,21 +350,56 @@ size_t SessionRegistry::size() const {
 
 void SessionRegistry::Run() {
   std::vector<pollfd> fds;
+  // Accept (or poll) failed for want of descriptors or memory: the
+  // listener is left out of the poll set until `retry_at`, since a
+  // readable listener would wake the loop at once. A deadline, not a
+  // timeout per poll: hang-ups that keep waking the loop must not put the
+  // next try off for good.
+  bool starved = false;
+  absl::Time retry_at = absl::InfinitePast();
+  const absl::Duration retry_every = absl::Milliseconds(kStarvedRetryMs);
   while (true) {
     fds.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
-    fds.push_back({listener_.get(), POLLIN, 0});
+    // While starved the listener's slot stays, ignored (fd -1), so session
+    // sockets start at index 2 either way.
+    fds.push_back({starved ? -1 : listener_.get(), POLLIN, 0});
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [fd, entry] : by_fd_) fds.push_back({fd, POLLIN, 0});
     }
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    const int timeout_ms =
+        starved ? static_cast<int>(std::max<int64_t>(
+                      0, absl::ToInt64Milliseconds(retry_at - absl::Now()) + 1))
+                : -1;
+    const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
-      LogError("handshake poll failed: ", std::strerror(errno));
-      return;
+      // ENOMEM (or a table too large): wait and try again; returning would
+      // end every later handshake and every hang-up notice for good.
+      if (!starved) {
+        LogError("handshake poll failed: ", std::strerror(errno),
+                 " (retrying every ", kStarvedRetryMs, " ms)");
+      }
+      starved = true;
+      absl::SleepFor(retry_every);
+      retry_at = absl::Now();
+      continue;
     }
     if (fds[0].revents != 0) return;
-    if (fds[1].revents & POLLIN) Accept();
+    if (starved) {
+      if (absl::Now() >= retry_at) {
+        if (Accept(/*starved=*/true)) {
+          LogInfo("accepting handshakes on ", path_, " again");
+          starved = false;
+        } else {
+          retry_at = absl::Now() + retry_every;
+        }
+      }
+    } else if ((fds[1].revents & POLLIN) != 0 && !Accept(/*starved=*/false)) {
+      starved = true;
+      retry_at = absl::Now() + retry_every;
+    }
     for (size_t i = 2; i < fds.size(); ++i) {
       // A session socket carries nothing after the handshake: any readable
       // event is the peer closing it (or dying).
@@ -350,18 +408,41 @@ void SessionRegistry::Run() {
   }
 }
 
-void SessionRegistry::Accept() {
+bool SessionRegistry::MayLogRefusal() {
+  const absl::Time now = absl::Now();
+  if (last_refusal_log_ + absl::Seconds(1) > now) return false;
+  last_refusal_log_ = now;
+  return true;
+}
+
+bool SessionRegistry::Accept(bool starved) {
   UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
   if (!fd.valid()) {
-    if (errno != EAGAIN && errno != EINTR) {
-      LogWarning("handshake accept failed: ", std::strerror(errno));
+    const int err = errno;
+    // Nothing to accept (the peer gave up, or a retry found none): fine.
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) {
+      return true;
     }
-    return;
+    // Anything else (EMFILE, ENFILE, ENOBUFS, ENOMEM above all) persists
+    // while the listener stays readable: Run backs off. Logged once, as
+    // the loop enters that state, not at every retry.
+    if (!starved) {
+      LogWarning("cannot accept handshakes on ", path_, ": ", std::strerror(err),
+                 IsStarvation(err) ? " (out of descriptors or memory; retrying every "
+                                   : " (retrying every ",
+                 kStarvedRetryMs, " ms)");
+    }
+    return false;
   }
   absl::StatusOr<std::unique_ptr<PeerProcess>> peer = PeerProcess::Bind(fd.get());
   if (!peer.ok()) {
-    LogWarning("handshake refused: cannot bind the peer: ", peer.status().ToString());
-    return;
+    // No descriptor left for the pidfd or /proc files ends here too, once
+    // per connection: rate-limited, as every queued client hits it.
+    absl::MutexLock lock(&mu_);
+    if (MayLogRefusal()) {
+      LogWarning("handshake refused: cannot bind the peer: ", peer.status().ToString());
+    }
+    return true;
   }
   const pid_t pid = (*peer)->pid();
   const uid_t uid = (*peer)->uid();
@@ -375,20 +456,28 @@ void SessionRegistry::Accept() {
   auto token = RandomToken();
   if (!token.ok()) {
     LogError(token.status().ToString());
-    return;
+    return true;
   }
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     if (by_token_.size() >= max_sessions_) {
-      LogWarning("refusing session of pid ", pid, ": ", max_sessions_,
-                 " sessions are open");
-      return;
+      if (MayLogRefusal()) {
+        LogWarning("refusing session of pid ", pid, ": ", max_sessions_,
+                   " sessions are open (--max_sessions)");
+      }
+      return true;
     }
-    session = std::make_shared<Session>(next_id_++, *token, *std::move(peer), gpu_);
+    session = std::make_shared<Session>(next_id_++, *token, *std::move(peer), gpu_,
+                                        layouts_);
   }
   // The session is known before its token leaves: a client may call
-  // OpenSession the moment it has read the reply.
+  // OpenSession the moment it has read the reply, and a token sent before
+  // it is registered is refused as UNAUTHENTICATED now and then (the
+  // daemon once sent first and registered after a log line). A reply that
+  // cannot be encoded or sent whole closes the session again.
+  // tests/session/session_registry_test.cc looks every token up the moment
+  // its frame is read.
   const int raw = fd.get();
   {
     absl::MutexLock lock(&mu_);
@@ -402,7 +491,7 @@ void SessionRegistry::Accept() {
   if (!reply.ok()) {
     LogError("handshake reply to pid ", pid, ": ", reply.status().ToString());
     Close(raw);
-    return;
+    return true;
   }
   // A fresh stream socket takes the small frame whole; a short send would
   // leave the client a truncated frame, so it ends the session as a failed
@@ -415,9 +504,10 @@ void SessionRegistry::Accept() {
                                                        reply->size(), " bytes"));
     LogWarning("handshake reply to pid ", pid, " failed: ", failed.ToString());
     Close(raw);
-    return;
+    return true;
   }
   LogInfo("session ", session->id(), " opened by pid ", pid, " uid ", uid);
+  return true;
 }
 
 void SessionRegistry::Close(int fd) {

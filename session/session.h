@@ -30,13 +30,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ckpt/v1/control.pb.h"
 #include "common/handshake_frame.h"
+#include "common/socket_access.h"
 #include "common/unique_fd.h"
 #include "gpu/gpu_device.h"
 #include "plan/tensor_layout.h"
 #include "session/gpu_backend.h"
 #include "session/gpu_regions.h"
+#include "session/layout_budget.h"
 #include "session/memory_source.h"
 #include "session/peer_process.h"
 #include "session/session_memory.h"
@@ -56,15 +59,18 @@ struct SessionGpu {
 
 class Session {
  public:
-  // `peer` must not be null.
+  // `peer` must not be null. `layouts` is the daemon's layout budget,
+  // shared by its sessions; null: one of this session's own, with the
+  // default limits.
   Session(uint64_t id, std::string token, std::unique_ptr<PeerProcess> peer,
-          const SessionGpu& gpu = {});
+          const SessionGpu& gpu = {}, std::shared_ptr<LayoutBudget> layouts = nullptr);
   // A session of process `pid` as it runs now (PeerProcess::BindProcess):
   // for tests and tools without a handshake socket.
   Session(uint64_t id, std::string token, pid_t pid, uid_t uid, UniqueFd pidfd,
-          const SessionGpu& gpu = {})
+          const SessionGpu& gpu = {}, std::shared_ptr<LayoutBudget> layouts = nullptr)
       : Session(id, std::move(token),
-                PeerProcess::BindProcess(pid, uid, std::move(pidfd)), gpu) {}
+                PeerProcess::BindProcess(pid, uid, std::move(pidfd)), gpu,
+                std::move(layouts)) {}
   ~Session();
 
   uint64_t id() const { return id_; }
@@ -99,14 +105,21 @@ class Session {
   // The peer address of `ref`, after checking it lies inside its region.
   absl::StatusOr<uint64_t> Resolve(const v1::MemoryRef& ref) const;
 
-  // Keeps a validated layout for later saves; returns its id (from 1).
+  // OK if a layout of about `bytes` would fit the layout budget now
+  // (LayoutBudget::CheckRoom): DefineLayout asks before it builds one.
+  absl::Status CheckLayoutRoom(uint64_t bytes) const;
+  // Keeps a validated layout for later saves, charging LayoutBytes of it to
+  // the layout budget (ResourceExhausted, naming the limit, if it does not
+  // fit); returns its id (from 1). The charge goes back when the session
+  // has ended and no save uses the layout any more.
   absl::StatusOr<uint64_t> AddLayout(std::shared_ptr<const TensorLayout> layout);
   absl::StatusOr<std::shared_ptr<const TensorLayout>> FindLayout(uint64_t id) const;
 
   // Reads/writes the peer's memory, host and GPU (SessionMemory).
   MemorySource* memory() { return &memory_; }
 
-  // The trainer is gone: its GPU regions are released.
+  // The trainer is gone: its GPU regions are released and its layouts
+  // dropped (saves in flight keep the ones they use).
   void MarkClosed();
   bool closed() const { return closed_.load(); }
 
@@ -123,6 +136,7 @@ class Session {
   const std::unique_ptr<const PeerProcess> peer_;
   GpuRegions gpu_;
   SessionMemory memory_;
+  const std::shared_ptr<LayoutBudget> layout_budget_;
 
   absl::Mutex open_mu_;  // serializes Open
   std::atomic<bool> opened_{false};
@@ -137,18 +151,27 @@ class Session {
 };
 
 // Accepts handshakes and tracks live sessions.
+//
+// Running out of descriptors or memory never ends or spins the handshake
+// loop: when accept fails for want of either, the loop logs once, stops
+// polling the listener (which stays readable) and tries again every 100 ms,
+// still serving the hang-ups of open sessions meanwhile; a failing poll
+// backs off the same way. Handshakes beyond `max_sessions` are refused,
+// which with the open-files limit the daemon checks at start
+// (daemon/server.cc) keeps sessions from using up its descriptors.
 class SessionRegistry {
  public:
   using ClosedCallback = std::function<void(const std::shared_ptr<Session>&)>;
 
-  // Binds the handshake socket for `path` (replacing a stale one) and
-  // starts accepting; `max_sessions` bounds the table. The socket appears
+  // Binds the handshake socket for `path` (replacing a stale one) with the
+  // file mode `access` asks for (common/socket_access.h) and starts
+  // accepting; `max_sessions` bounds the table. The socket appears
   // at `path` only with Publish: a client that finds it there must find the
   // gRPC service answering too, so the server publishes it after the
   // service listens.
   static absl::StatusOr<std::unique_ptr<SessionRegistry>> Start(
-      const std::string& path, uint32_t max_sessions, SessionGpu gpu,
-      ClosedCallback on_closed);
+      const std::string& path, const SocketAccess& access, uint32_t max_sessions,
+      SessionGpu gpu, ClosedCallback on_closed, LayoutLimits layouts = {});
   ~SessionRegistry();
 
   // Gives the handshake socket its name (an atomic rename).
@@ -162,11 +185,18 @@ class SessionRegistry {
 
  private:
   SessionRegistry(UniqueFd listener, UniqueFd wake, std::string path,
-                  uint32_t max_sessions, SessionGpu gpu, ClosedCallback on_closed);
-  static std::string UnpublishedPath(const std::string& path);
+                  uint32_t max_sessions, SessionGpu gpu, ClosedCallback on_closed,
+                  LayoutLimits layouts);
   void Run();
-  void Accept();
+  // Accepts one handshake. False when accept itself failed for a reason
+  // that persists (no descriptors or memory left): the listener stays
+  // readable, so Run must wait before trying again rather than spin. The
+  // failure is logged unless `starved` (an earlier one was).
+  bool Accept(bool starved);
   void Close(int fd);
+  // True (and remembers now) if a refused handshake may be logged: at most
+  // one line a second, so clients retrying in a loop cannot flood the log.
+  bool MayLogRefusal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const UniqueFd listener_;
   const UniqueFd wake_;  // eventfd that stops Run
@@ -174,6 +204,7 @@ class SessionRegistry {
   const uint32_t max_sessions_;
   const SessionGpu gpu_;
   const ClosedCallback on_closed_;
+  const std::shared_ptr<LayoutBudget> layouts_;  // shared by every session
   std::thread thread_;
 
   mutable absl::Mutex mu_;
@@ -183,6 +214,7 @@ class SessionRegistry {
   // Handshake socket of each session (owned here; closing ends it).
   std::unordered_map<int, std::pair<UniqueFd, std::shared_ptr<Session>>> by_fd_
       ABSL_GUARDED_BY(mu_);
+  absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace ckpt

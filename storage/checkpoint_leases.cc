@@ -16,6 +16,16 @@ absl::Status CheckpointLeases::Acquire(const std::string& job,
   return absl::OkStatus();
 }
 
+absl::StatusOr<CheckpointLease> CheckpointLeases::Hold(
+    const std::string& job, const std::string& checkpoint) {
+  if (absl::Status s = Acquire(job, checkpoint); !s.ok()) return s;
+  return CheckpointLease(this, job, checkpoint);
+}
+
+CheckpointLease::~CheckpointLease() {
+  if (leases_ != nullptr) leases_->Release(job_, checkpoint_);
+}
+
 void CheckpointLeases::Release(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
   auto it = readers_.find(Key(job, checkpoint));

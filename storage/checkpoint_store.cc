@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/crash_point.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/manifest_check.h"
@@ -85,7 +86,7 @@ absl::StatusOr<bool> CheckpointStore::IsMarked(absl::string_view job,
 
 absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
                                              absl::string_view checkpoint,
-                                             uint32_t node_id) const {
+                                             uint32_t node_id, FileOps& ops) const {
   RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
   if (checkpoint == kLatestAlias) {
     return absl::InvalidArgumentError(
@@ -120,7 +121,7 @@ absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
   }
   if (!marked) {
     // Before any data file: gc and retention delete only marked directories.
-    RETURN_IF_ERROR(WriteFileDurably(dir, kMarkerFileName, kMarkerContent));
+    RETURN_IF_ERROR(WriteFileDurably(dir, kMarkerFileName, kMarkerContent, ops));
   }
   return dir.Unlink(NodeManifestName(node_id));
 }
@@ -149,15 +150,27 @@ bool CheckpointStore::IsCommitted(absl::string_view job,
   return exists.ok() && *exists;
 }
 
-absl::Status CheckpointStore::WriteCommit(const v1::CommitRecord& record) const {
+absl::Status CheckpointStore::WriteCommit(const v1::CommitRecord& record,
+                                          FileOps& ops) const {
   const v1::Manifest& index = record.index();
   ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(index.job(), index.checkpoint()));
-  return WriteFileDurably(dir, kCommitFileName, FrameMessage(kCommitMagic, record));
+  return WriteFileDurably(dir, kCommitFileName, FrameMessage(kCommitMagic, record),
+                          ops);
+}
+
+absl::Status CheckpointStore::WithdrawCommit(absl::string_view job,
+                                             absl::string_view checkpoint) const {
+  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
+  RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
+  // Durably gone before any data file goes: never a COMMIT that a power
+  // loss brings back over removed files.
+  return dir.Fsync();
 }
 
 absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
                                            absl::string_view checkpoint,
-                                           int64_t committed_unix_micros) const {
+                                           int64_t committed_unix_micros,
+                                           FileOps& ops) const {
   // LATEST moves only after COMMIT is durable, so a reader that follows it
   // always finds a committed checkpoint; and only forward, so a slow commit
   // of an older checkpoint cannot pull it back.
@@ -168,7 +181,7 @@ absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(StorageDir dir, OpenJob(job));
-  return WriteFileDurably(dir, kLatestFileName, absl::StrCat(checkpoint, "\n"));
+  return WriteFileDurably(dir, kLatestFileName, absl::StrCat(checkpoint, "\n"), ops);
 }
 
 absl::StatusOr<std::vector<uint32_t>> CheckpointStore::ListNodeManifests(
@@ -196,9 +209,7 @@ absl::StatusOr<v1::Manifest> CheckpointStore::ReadNodeManifest(
   const std::string name = NodeManifestName(node_id);
   const std::string path = dir.PathOf(name);
   ASSIGN_OR_RETURN(std::string bytes, dir.ReadFile(name, kMaxFramedFileBytes));
-  v1::Manifest manifest;
-  RETURN_IF_ERROR(ParseFramedMessage(kNodeManifestMagic, bytes, path, &manifest));
-  RETURN_IF_ERROR(ValidateManifest(manifest, path));
+  ASSIGN_OR_RETURN(v1::Manifest manifest, ParseNodeManifestFile(bytes, path));
   if (manifest.job() != job || manifest.checkpoint() != checkpoint ||
       manifest.node_id() != node_id) {
     return absl::DataLossError(absl::StrCat(
@@ -239,6 +250,7 @@ absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
   RETURN_IF_ERROR(RequireMarked(dir));
   RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
   RETURN_IF_ERROR(dir.Fsync());
+  CrashPoint("delete_committed", "commit_removed");  // common/crash_point.h
   ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
   return job_dir.RemoveTree(checkpoint, kMarkerFileName);
 }
@@ -290,9 +302,7 @@ absl::StatusOr<v1::CommitRecord> CheckpointStore::ReadCommit(
   const std::string path = dir->PathOf(kCommitFileName);
   auto bytes = dir->ReadFile(kCommitFileName, kMaxFramedFileBytes);
   if (!bytes.ok()) return absl::IsNotFound(bytes.status()) ? not_found() : bytes.status();
-  v1::CommitRecord record;
-  RETURN_IF_ERROR(ParseFramedMessage(kCommitMagic, *bytes, path, &record));
-  RETURN_IF_ERROR(ValidateCommitRecord(record, path));
+  ASSIGN_OR_RETURN(v1::CommitRecord record, ParseCommitFile(*bytes, path));
   // A COMMIT copied from another checkpoint would send readers to that
   // one's directory while the lease is on this one.
   if (record.index().job() != job || record.index().checkpoint() != name) {

@@ -55,6 +55,8 @@ class CheckpointStore {
 
   absl::Status status() const { return root_dir_.status(); }
   const std::string& root() const { return root_; }
+  // The root, held open (startup recovery walks it); status() if not open.
+  absl::StatusOr<const StorageDir*> Root() const;
   // Paths, for messages only: files are opened through OpenCheckpoint.
   std::string JobDir(absl::string_view job) const;
   std::string CheckpointDir(absl::string_view job,
@@ -75,8 +77,10 @@ class CheckpointStore {
   // crashed attempt are removed: its node manifest here, its data files as
   // they are rewritten. A directory that exists without ckptd's marker and
   // holds anything is not ckptd's: FailedPrecondition, nothing written.
+  // The marker is written through `ops` (the save's FileOps).
   absl::Status PrepareForSave(absl::string_view job, absl::string_view checkpoint,
-                              uint32_t node_id) const;
+                              uint32_t node_id,
+                              FileOps& ops = DefaultFileOps()) const;
 
   static std::string NodeManifestName(uint32_t node_id);
   // Writes this node's manifest durably through `ops` (the save's FileOps,
@@ -109,13 +113,23 @@ class CheckpointStore {
   // parse, for fast checks); false also when it cannot be told.
   bool IsCommitted(absl::string_view job, absl::string_view checkpoint) const;
 
-  // Writes COMMIT durably: from here on the checkpoint is committed.
-  absl::Status WriteCommit(const v1::CommitRecord& record) const;
+  // Writes COMMIT durably through `ops` (the save's FileOps, so that a test
+  // can fail any step of it): from here on the checkpoint is committed.
+  absl::Status WriteCommit(const v1::CommitRecord& record,
+                           FileOps& ops = DefaultFileOps()) const;
+  // Takes back a COMMIT whose write failed (unlink, fsync the directory),
+  // for a node that alone commits its checkpoints: a failure after the
+  // rename (the directory's fsync) leaves COMMIT in place, and the save is
+  // about to be reported failed. OK if there is no COMMIT; an error if it
+  // cannot be said to be gone.
+  absl::Status WithdrawCommit(absl::string_view job,
+                              absl::string_view checkpoint) const;
   // Points LATEST at `checkpoint` (committed at `committed_unix_micros`)
   // unless it already names a checkpoint committed later; call only after
-  // WriteCommit succeeded.
+  // WriteCommit succeeded. LATEST is written through `ops`.
   absl::Status UpdateLatest(absl::string_view job, absl::string_view checkpoint,
-                            int64_t committed_unix_micros) const;
+                            int64_t committed_unix_micros,
+                            FileOps& ops = DefaultFileOps()) const;
 
   // The commit record of a committed checkpoint; NotFound if it is not
   // committed. `checkpoint` may be "latest".
@@ -132,7 +146,6 @@ class CheckpointStore {
       absl::string_view job) const;
 
  private:
-  absl::StatusOr<const StorageDir*> Root() const;
   // Whether COMMIT exists as a regular file; an error if it cannot be told
   // (a symlink under its name, a checkpoint directory that is a symlink).
   absl::StatusOr<bool> CommitExists(absl::string_view job,

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "format/chunk_digest.h"
+#include "format/manifest_check.h"
 
 namespace ckpt {
 namespace {
@@ -16,6 +19,27 @@ namespace {
 std::string ChunkName(absl::string_view fqn,
                       const google::protobuf::RepeatedField<uint64_t>& offsets) {
   return absl::StrCat(fqn, "@[", absl::StrJoin(offsets, ","), "]");
+}
+
+// A replica set's identity without decoding its ranks: as a writer encodes
+// them (EncodeReplicaRanks: first/stride/count when they step evenly, else
+// listed). Decoded, a set of count N takes 4N bytes however few the
+// manifest spends on it, so a node manifest of a thousand small sets of
+// millions of ranks each would make the merge allocate gigabytes (found by
+// fuzz/commit_record_fuzzer.cc); this key is no larger than the manifest.
+using ReplicaSetKey = std::tuple<std::vector<uint32_t>, uint32_t, uint32_t, uint32_t>;
+ReplicaSetKey KeyOf(const v1::ReplicaSet& set) {
+  v1::ReplicaSet canonical;
+  if (set.count() == 0) {
+    EncodeReplicaRanks({set.ranks().data(), static_cast<size_t>(set.ranks_size())},
+                       &canonical);
+  } else {
+    canonical.set_first(set.first());
+    canonical.set_stride(set.count() == 1 ? 1 : set.stride());  // as encoded
+    canonical.set_count(set.count());
+  }
+  return {{canonical.ranks().begin(), canonical.ranks().end()}, canonical.first(),
+          canonical.stride(), canonical.count()};
 }
 
 }  // namespace
@@ -39,7 +63,7 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
   index.set_checksum_block_bytes(first.checksum_block_bytes());
   int64_t newest = 0;
   std::set<std::string> file_names, chunks;
-  std::map<std::vector<uint32_t>, uint32_t> set_index;  // ranks -> index
+  std::map<ReplicaSetKey, uint32_t> set_index;           // set -> index
   std::map<uint32_t, uint32_t> set_reported_by;         // index -> node
   for (size_t n = 0; n < manifests.size(); ++n) {
     const v1::Manifest& m = manifests[n];
@@ -58,8 +82,7 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
     std::vector<uint32_t> remap(m.replica_sets_size());
     for (int i = 0; i < m.replica_sets_size(); ++i) {
       const v1::ReplicaSet& set = m.replica_sets(i);
-      std::vector<uint32_t> ranks = DecodeReplicaRanks(set);
-      auto [it, inserted] = set_index.emplace(ranks, index.replica_sets_size());
+      auto [it, inserted] = set_index.emplace(KeyOf(set), index.replica_sets_size());
       remap[i] = it->second;
       if (inserted) {
         *index.add_replica_sets() = set;
@@ -70,7 +93,7 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
         return absl::FailedPreconditionError(absl::StrCat(
             "replicas disagree: nodes ", set_reported_by[it->second], " and ",
             m.node_id(), " hold different chunks with replica set ",
-            DescribeReplicaSet(ranks), " (",
+            DescribeReplicaSet(set), " (",
             index.replica_sets(it->second).chunk_count(), " vs ", set.chunk_count(),
             " chunks)"));
       }
@@ -115,13 +138,18 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
         ChunkListDigest(std::move(stored[i])) != set.chunk_list_xxh3()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "replicas disagree: the chunks stored for replica set ",
-          DescribeReplicaSet(DecodeReplicaRanks(set)),
+          DescribeReplicaSet(set),
           " (", count, ") are not the ", set.chunk_count(),
           " its members hold"));
     }
   }
   index.set_created_unix_micros(newest);
   record.set_committed_unix_micros(newest);
+  // Each manifest passed ValidateManifest alone; their union must pass too
+  // (nodes can disagree on a tensor's dtype or global shape), or COMMIT
+  // would be written, count as committed and move LATEST, while every
+  // reader refuses it.
+  RETURN_IF_ERROR(ValidateCommitRecord(record, "the merged index"));
   return record;
 }
 
@@ -141,11 +169,11 @@ absl::StatusOr<bool> CommitProtocol::TryCommit(const std::string& job,
     manifests.push_back(std::move(m));
   }
   ASSIGN_OR_RETURN(v1::CommitRecord record, MergeNodeManifests(std::move(manifests)));
-  RETURN_IF_ERROR(store_->WriteCommit(record));
+  RETURN_IF_ERROR(store_->WriteCommit(record, ops_));
   // COMMIT is durable: the checkpoint is committed even if LATEST cannot
   // move; loading it by name works, so only log that.
   absl::Status latest =
-      store_->UpdateLatest(job, checkpoint, record.committed_unix_micros());
+      store_->UpdateLatest(job, checkpoint, record.committed_unix_micros(), ops_);
   if (!latest.ok()) {
     LogError("checkpoint ", job, "/", checkpoint,
              " committed but LATEST not updated: ", latest.ToString());

@@ -12,7 +12,8 @@
 // own temporary and an atomic rename. A node that never writes its manifest
 // means the checkpoint never commits.
 //
-// Thread-safety: stateless apart from the store; safe from any thread.
+// Thread-safety: stateless apart from the store and the FileOps it borrows
+// (both thread-safe); safe from any thread.
 #pragma once
 
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "ckpt/v1/manifest.pb.h"
 #include "storage/checkpoint_store.h"
+#include "storage/durable_file.h"
 
 namespace ckpt {
 
@@ -35,7 +37,11 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
 
 class CommitProtocol {
  public:
-  explicit CommitProtocol(const CheckpointStore* store) : store_(store) {}
+  // COMMIT and LATEST are written through `ops` (the save's FileOps: the
+  // test seam that fails each step of the write, a full disk included).
+  explicit CommitProtocol(const CheckpointStore* store,
+                          FileOps& ops = DefaultFileOps())
+      : store_(store), ops_(ops) {}
 
   // True once the checkpoint is committed (by this call or by another
   // node); false while node manifests are missing.
@@ -45,6 +51,7 @@ class CommitProtocol {
 
  private:
   const CheckpointStore* const store_;
+  FileOps& ops_;
 };
 
 }  // namespace ckpt

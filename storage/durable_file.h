@@ -14,9 +14,10 @@
 // test fails each step on purpose and checks the Status that comes back and
 // that the old content of `name` is intact.
 //
-// FileOps is also the seam of the data files' last steps (ftruncate to the
-// exact size, fsync: save/shard_writer.cc). Their bulk writes go through
-// io/'s IoQueue instead, which sits below storage/ and has its own seam.
+// FileOps is also the seam of the data files' first and last steps (the
+// O_DIRECT create, ftruncate to the exact size, fsync: save/shard_writer.cc).
+// Their bulk writes go through io/'s IoQueue instead, which sits below
+// storage/ and has its own seam.
 //
 // Every name is resolved beneath an open StorageDir without following
 // symlinks (storage/storage_dir.h): the temporary is created O_EXCL beneath
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -45,6 +47,10 @@ class FileOps {
   // followed: EEXIST).
   virtual absl::StatusOr<int> CreateExclusive(const StorageDir& dir,
                                               const std::string& name);
+  // The same for a data file, opened O_DIRECT for the IoQueue's writes
+  // (save/shard_writer.cc).
+  virtual absl::StatusOr<int> CreateDirect(const StorageDir& dir,
+                                           const std::string& name);
   virtual absl::Status WriteAll(int fd, absl::string_view bytes,
                                 const std::string& path);
   virtual absl::Status Fsync(int fd, const std::string& path);
@@ -67,6 +73,21 @@ absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
 absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,
                               absl::string_view bytes,
                               FileOps& ops = DefaultFileOps());
+
+// The part of this process's temporaries' names that no other writer's
+// share: "<pid>.<salt>" (step 1 above). A daemon records it where the next
+// daemon of its node finds it (storage/node_lock.h), so that startup
+// recovery removes exactly the temporaries an earlier, crashed run left.
+const std::string& TemporaryTag();
+
+// A WriteFileDurably temporary's name, taken apart:
+// "<target>.tmp.<tag>.<n>", tag "<pid>.<salt>".
+struct TemporaryName {
+  std::string target;  // the name it was to be renamed to
+  std::string tag;     // the writer's TemporaryTag()
+};
+// The parts of `name` if it has the form of a temporary; nullopt otherwise.
+std::optional<TemporaryName> ParseTemporaryName(absl::string_view name);
 
 // Reads a whole (small) file at a trusted path (/proc, a test's file).
 // Names under the storage root are read with StorageDir::ReadFile.

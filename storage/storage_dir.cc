@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "common/crash_point.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -183,6 +184,8 @@ absl::Status StorageDir::RemoveTree(absl::string_view name,
       RETURN_IF_ERROR(dir.Unlink(e.name));
     }
   }
+  // common/crash_point.h: everything but `last` (the marker) is gone.
+  if (has_last) CrashPoint("remove_tree", "last_left");
   if (has_last) RETURN_IF_ERROR(dir.Unlink(last));
   if (::unlinkat(fd_.get(), n.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
     return ErrnoToStatus(errno, absl::StrCat("rmdir ", PathOf(name)));

@@ -142,6 +142,26 @@ TEST_CASE("ValidateManifest refuses each hostile field with DataLoss naming it",
          t->set_file_offset(4096 + 64);
        },
        "stored twice"},
+      {"chunks of one tensor with different ranks",
+       [](v1::Manifest& m) {
+         v1::StoredTensor* t = m.mutable_tensors(1);
+         t->set_fqn("w0");
+         t->add_global_shape(1);
+         t->add_offsets(0);
+         t->add_local_shape(1);
+       },
+       "chunks of w0 disagree"},
+      {"chunks of one tensor with different dtypes",
+       [](v1::Manifest& m) {
+         for (int i = 0; i < 2; ++i) {
+           v1::StoredTensor* t = m.mutable_tensors(i);
+           t->set_fqn("w0");
+           t->set_global_shape(0, 16);
+           t->set_offsets(0, 8 * i);
+         }
+         m.mutable_tensors(1)->set_dtype(v1::DTYPE_I32);
+       },
+       "chunks of w0 disagree"},
       {"byte item of a rank past the world",
        [](v1::Manifest& m) { m.mutable_byte_items(0)->set_rank(2); }, "rank 2"},
   };

@@ -49,6 +49,23 @@ std::vector<char*> Argv(const std::vector<std::string>& args) {
   return out;
 }
 
+// This process's environment with `overrides` ("NAME=value") added, each
+// replacing a variable of the same name.
+std::vector<std::string> Environment(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const std::string& o : overrides) {
+      if (o.substr(0, o.find('=')) == name) replaced = true;
+    }
+    if (!replaced) env.push_back(entry);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
+  return env;
+}
+
 bool DaemonAnswers(const std::string& socket) {
   auto stub = v1::Ckptd::NewStub(DaemonChannel(socket));
   v1::DaemonStatusResponse response;
@@ -60,8 +77,9 @@ bool DaemonAnswers(const std::string& socket) {
 }  // namespace
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags,
-                             std::string shared_root)
-    : flags_(std::move(extra_flags)) {
+                             std::string shared_root,
+                             std::vector<std::string> environment)
+    : flags_(std::move(extra_flags)), environment_(std::move(environment)) {
   std::string tmpl = TempBase() + "/ckptd-test-XXXXXX";
   REQUIRE(mkdtemp(tmpl.data()) != nullptr);
   dir_ = tmpl;
@@ -81,6 +99,10 @@ DaemonProcess::~DaemonProcess() {
 }
 
 void DaemonProcess::Start() {
+  if (!Launch()) FAIL("ckptd exited at start-up; see " << dir_ << "/ckptd.log");
+}
+
+bool DaemonProcess::Launch() {
   std::vector<std::string> args = {CKPTD_BINARY, "--socket", socket_, "--root", root_,
                                    "--pool_bytes", std::to_string(64 << 20),
                                    "--buffer_bytes", std::to_string(4 << 20),
@@ -89,9 +111,20 @@ void DaemonProcess::Start() {
                                    // load by more than the 200 ms default;
                                    // rounds still start as soon as every
                                    // local rank asked.
-                                   "--load_batch_ms", "5000"};
+                                   "--load_batch_ms", "5000",
+                                   // Bounds a test needs, so the daemon's
+                                   // open-files check (256 x 6 + 1024 + ...
+                                   // = 2,832) passes under a hard limit of
+                                   // 4096, not only the ~10,500 the
+                                   // defaults need.
+                                   "--max_sessions", "256",
+                                   "--max_connections", "1024"};
   args.insert(args.end(), flags_.begin(), flags_.end());
   const std::string log = dir_ + "/ckptd.log";
+  // Built before fork: the child of a threaded process only execs.
+  const std::vector<std::string> env = Environment(environment_);
+  auto argv = Argv(args);
+  auto envp = Argv(env);
   pid_ = fork();
   REQUIRE(pid_ >= 0);
   if (pid_ == 0) {
@@ -100,20 +133,42 @@ void DaemonProcess::Start() {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
     }
-    auto argv = Argv(args);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   for (int i = 0; i < 200; ++i) {
-    if (DaemonAnswers(socket_)) return;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    if (DaemonAnswers(socket_)) return true;
+    if (waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
       pid_ = -1;
-      FAIL("ckptd exited at start-up; see " << log);
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   FAIL("ckptd did not answer within 10 s; see " << log);
+  return false;
+}
+
+void DaemonProcess::SetEnvironment(std::vector<std::string> environment) {
+  environment_ = std::move(environment);
+}
+
+std::optional<int> DaemonProcess::WaitForExit(int timeout_ms) {
+  REQUIRE(pid_ > 0);
+  for (int waited = 0;; waited += 5) {
+    const pid_t reaped = waitpid(pid_, &exit_status_, WNOHANG);
+    REQUIRE(reaped >= 0);
+    if (reaped == pid_) {
+      pid_ = -1;
+      return exit_status_;
+    }
+    if (waited >= timeout_ms) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool DaemonProcess::TryRestart() {
+  REQUIRE(pid_ < 0);
+  return Launch();
 }
 
 void DaemonProcess::Kill() {

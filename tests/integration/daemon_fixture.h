@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,14 +24,18 @@ std::string TempBase();
 #define CKPTCTL_BINARY ::ckpt::testing::TestBinary(CKPTCTL_BINARY_PATH)
 #define LOADGEN_BINARY ::ckpt::testing::TestBinary(LOADGEN_BINARY_PATH)
 #define GPU_TRAINER_BINARY ::ckpt::testing::TestBinary(GPU_TRAINER_BINARY_PATH)
+#define ACCESS_PROBE_BINARY ::ckpt::testing::TestBinary(ACCESS_PROBE_BINARY_PATH)
 
 class DaemonProcess {
  public:
   // Starts ckptd with `extra_flags` and waits until it answers DaemonStatus.
   // With `shared_root` set, the storage root is that directory (several
   // daemons, one per node, share it) and is not removed here.
+  // `environment` ("NAME=value" each) is added to the daemon's own
+  // environment, e.g. a crash point (common/crash_point.h).
   explicit DaemonProcess(std::vector<std::string> extra_flags = {},
-                         std::string shared_root = "");
+                         std::string shared_root = "",
+                         std::vector<std::string> environment = {});
   ~DaemonProcess();  // SIGTERM, wait, remove the directory
 
   const std::string& socket() const { return socket_; }
@@ -43,11 +48,29 @@ class DaemonProcess {
   // Starts the daemon again on the same socket and root.
   void Restart();
 
+  // For daemons that end themselves (an armed crash point):
+  // Replaces what the constructor's `environment` added, from the next
+  // start on.
+  void SetEnvironment(std::vector<std::string> environment);
+  // Waits up to `timeout_ms` for the daemon to exit by itself and reaps it;
+  // its wait status, or nullopt if it still runs then.
+  std::optional<int> WaitForExit(int timeout_ms);
+  // Restart for a daemon that may end during start-up: false, with the
+  // status in exit_status(), if it exited before it answered.
+  bool TryRestart();
+  // The wait status of the last exit WaitForExit or TryRestart saw.
+  int exit_status() const { return exit_status_; }
+
  private:
   void Start();
+  // Starts ckptd; true once it answers, false if it exited first. FAILs if
+  // it neither answers nor exits within 10 s.
+  bool Launch();
   std::string dir_, socket_, root_;
   std::vector<std::string> flags_;
+  std::vector<std::string> environment_;
   pid_t pid_ = -1;
+  int exit_status_ = 0;
 };
 
 struct ProcessResult {

@@ -1,8 +1,9 @@
 // The storage root is untrusted (issue 9, items 3 and 4), against a real
 // daemon: symlinks planted in the root are never followed by saves, loads,
 // verify, gc or retention; COMMIT files with a valid frame but hostile
-// fields, and a tampered safetensors header, are clear errors; a DCP
-// checkpoint copied under the root survives gc and retention.
+// fields, and a tampered safetensors header, are clear errors; a damaged
+// data byte fails restore before any byte of its checksum block reaches the
+// trainer; a DCP checkpoint copied under the root survives gc and retention.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "format/manifest_file.h"
@@ -274,6 +276,38 @@ TEST_CASE("a tampered safetensors header byte is reported by verify and fails re
   INFO(load.ToString());
   CHECK(load.code() == absl::StatusCode::kDataLoss);
   CHECK(absl::StrContains(load.message(), "safetensors header"));
+}
+
+TEST_CASE("a byte flipped late in a checksum block fails restore, and nothing of that "
+          "block reaches the trainer's memory",
+          "[integration][hostile-storage]") {
+  Setup s;  // two tensors of 1 MiB: one checksum block each (the default)
+  REQUIRE(s.Save(1).ok());
+  const std::string data = s.Dir("job", "step-1") + "/" + kDataFile;
+  std::string bytes = ReadBytes(data);
+  REQUIRE(bytes.size() > 8);
+  uint64_t header_length = 0;  // safetensors: 8 bytes, little-endian
+  for (int i = 7; i >= 0; --i) {
+    header_length = header_length << 8 | static_cast<unsigned char>(bytes[i]);
+  }
+  // The file's first tensor (fqn order) starts at the data; flip its last
+  // byte but one, so that every earlier byte of the block still matches.
+  const uint64_t victim = 8 + header_length + (1 << 20) - 2;
+  REQUIRE(victim < bytes.size());
+  bytes[victim] = static_cast<char>(bytes[victim] ^ 0x10);
+  WriteBytes(data, bytes);
+
+  const absl::Status load = s.Load(1);  // into zeroed memory
+  INFO(load.ToString());
+  CHECK(load.code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(load.message(), kDataFile));
+  CHECK(absl::StrContains(load.message(), "model.layers.0.weight"));
+  CHECK(absl::StrContains(load.message(), "block 0"));
+  for (uint32_t t = 0; t < 2; ++t) {
+    INFO("tensor " << t);
+    CHECK(s.rank.TensorBytes(t).find_first_not_of('\0') == std::string_view::npos);
+  }
+  CHECK(s.Ctl({"status"}).exit_code == 0);
 }
 
 }  // namespace ckpt::testing

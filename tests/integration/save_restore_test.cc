@@ -9,12 +9,16 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 #include "storage/checkpoint_store.h"
@@ -171,6 +175,46 @@ TEST_CASE("ckptctl inspect shows a committed checkpoint's files, chunks and byte
       {CKPTCTL_BINARY, "--socket", daemon.socket(), "inspect", "inspected", "step-9"});
   CHECK(missing.exit_code == 1);
   CHECK(absl::StrContains(missing.out, "inspected/step-9 does not exist or is not committed"));
+}
+
+TEST_CASE("clients that hand-shake at once are never refused as "
+          "unauthenticated in the calls right after it",
+          "[integration][session]") {
+  DaemonProcess daemon;
+  // Client::Connect makes OpenSession its first call, the moment it read
+  // the handshake frame; RegisterRegion follows at once.
+  constexpr int kThreads = 4;
+  constexpr int kConnectsPerThread = 25;
+  struct Outcome {
+    absl::Mutex mu;
+    std::vector<std::string> failures ABSL_GUARDED_BY(mu);
+  } outcome;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kThreads; ++t) {
+    clients.emplace_back([&, t] {
+      std::vector<char> memory(4096);
+      for (int i = 0; i < kConnectsPerThread; ++i) {
+        absl::Status status;
+        auto client = Client::Connect({.socket = daemon.socket(),
+                                       .job = absl::StrCat("hammer", t),
+                                       .rank = 0,
+                                       .world_size = 1});
+        status = client.status();
+        if (client.ok()) {
+          status = (*client)->RegisterRegion(memory.data(), memory.size()).status();
+        }
+        if (!status.ok()) {
+          absl::MutexLock lock(&outcome.mu);
+          outcome.failures.push_back(
+              absl::StrCat("client ", t, " connect ", i, ": ", status.ToString()));
+        }
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  absl::MutexLock lock(&outcome.mu);
+  INFO((outcome.failures.empty() ? std::string() : outcome.failures.front()));
+  CHECK(outcome.failures.empty());
 }
 
 }  // namespace ckpt::testing

@@ -41,6 +41,11 @@ bool TestRank::Holds(uint32_t step) const {
 
 void TestRank::Zero() { std::memset(data_, 0, tensors_ * tensor_bytes_); }
 
+std::string_view TestRank::TensorBytes(uint32_t index) const {
+  REQUIRE(index < tensors_);
+  return {reinterpret_cast<const char*>(data_) + index * tensor_bytes_, tensor_bytes_};
+}
+
 v1::TensorItem MatrixItem(const std::string& fqn, uint64_t bytes, uint64_t region,
                           uint64_t offset) {
   v1::TensorItem item;

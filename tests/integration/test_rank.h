@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/pattern.h"
@@ -31,6 +32,8 @@ class TestRank {
   // True if the buffer holds the pattern of `step`.
   bool Holds(uint32_t step) const;
   void Zero();
+  // The bytes of tensor `index` (of the buffer's `tensors`) as they are now.
+  std::string_view TensorBytes(uint32_t index) const;
 
   // The items of the whole buffer, for Save or Load requests.
   void AddItems(google::protobuf::RepeatedPtrField<v1::TensorItem>* items) const;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 
@@ -69,6 +70,105 @@ TEST_CASE("a rank that disconnects before submitting its part fails the "
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   CHECK_FALSE(std::filesystem::exists(daemon.root() + "/job/step-1"));
+}
+
+namespace {
+
+// One rank of a job of two ranks, both on this one node, with a 1 MiB
+// tensor of its own registered.
+class PairRank {
+ public:
+  PairRank(const std::string& socket, uint32_t rank)
+      : rank_(rank), memory_(1 << 20, static_cast<char>('a' + rank)) {
+    auto client = Client::Connect(
+        {.socket = socket, .job = "job", .rank = rank, .world_size = 2});
+    INFO("rank " << rank << ": " << client.status());
+    REQUIRE(client.ok());
+    client_ = *std::move(client);
+    auto region = client_->RegisterRegion(memory_.data(), memory_.size());
+    INFO(region.status());
+    REQUIRE(region.ok());
+    region_ = *region;
+  }
+
+  absl::StatusOr<std::unique_ptr<SaveHandle>> Save(const std::string& checkpoint) {
+    v1::SaveRequest request;
+    request.set_job("job");
+    request.set_checkpoint(checkpoint);
+    *request.add_tensors() = MatrixItem(absl::StrCat("rank", rank_, ".weight"),
+                                        memory_.size(), region_, 0);
+    return client_->Save(request);
+  }
+
+ private:
+  const uint32_t rank_;
+  std::vector<char> memory_;
+  uint64_t region_ = 0;
+  std::unique_ptr<Client> client_;
+};
+
+size_t SavesInFlight(const std::string& socket) {
+  auto stub = v1::Ckptd::NewStub(DaemonChannel(socket));
+  grpc::ClientContext context;
+  v1::DaemonStatusResponse response;
+  REQUIRE(stub->DaemonStatus(&context, v1::DaemonStatusRequest(), &response).ok());
+  return response.saves_size();
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint whose second local rank never submits fails after "
+          "--local_ranks_timeout_ms naming that rank, leaves nothing behind, "
+          "and its name can be saved again",
+          "[integration][trainer-failure]") {
+  const bool rank1_connects = GENERATE(true, false);
+  INFO((rank1_connects ? "rank 1 connects and never saves"
+                       : "rank 1 never connects"));
+  DaemonProcess daemon({"--local_ranks_timeout_ms", "1000"});
+  PairRank rank0(daemon.socket(), 0);
+  std::unique_ptr<PairRank> rank1;
+  if (rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1);
+
+  const auto first_part = std::chrono::steady_clock::now();
+  auto save = rank0.Save("step-1");
+  INFO(save.status());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitStaged().ok());  // rank 0's file is written
+  const absl::Status result = (*save)->WaitCommitted();
+  const auto waited = std::chrono::steady_clock::now() - first_part;
+  INFO(result.ToString());
+  CHECK(result.code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(
+      result.message(),
+      "rank 1 did not submit within 1000 ms of the first part (1 of 2 local "
+      "ranks submitted: 0)"));
+  CHECK(waited >= std::chrono::milliseconds(1000));
+  CHECK(SavesInFlight(daemon.socket()) == 0);
+  const std::string dir = daemon.root() + "/job/step-1";
+  for (int i = 0; i < 250 && std::filesystem::exists(dir); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir));
+
+  // The name is free: both ranks save it now, and it commits.
+  if (!rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1);
+  // Refused (Unavailable) only until the failed attempt has let go of it,
+  // a moment after its directory is gone.
+  absl::StatusOr<std::unique_ptr<SaveHandle>> again0 = rank0.Save("step-1");
+  for (int i = 0; i < 250 && absl::IsUnavailable(again0.status()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    again0 = rank0.Save("step-1");
+  }
+  auto again1 = rank1->Save("step-1");
+  INFO(again0.status() << " / " << again1.status());
+  REQUIRE(again0.ok());
+  REQUIRE(again1.ok());
+  const absl::Status committed0 = (*again0)->WaitCommitted();
+  const absl::Status committed1 = (*again1)->WaitCommitted();
+  INFO(committed0.ToString() << " / " << committed1.ToString());
+  CHECK(committed0.ok());
+  CHECK(committed1.ok());
+  CHECK(std::filesystem::exists(dir + "/COMMIT"));
 }
 
 }  // namespace ckpt::testing

@@ -21,14 +21,19 @@ import ckptd
 class Daemon:
     """A ckptd on a temporary directory, stopped at exit."""
 
-    def __init__(self):
+    def __init__(self, root=None, flags=()):
+        """`root`: a storage root of the caller's (kept at stop); `flags`:
+        more ckptd flags."""
         self.dir = tempfile.mkdtemp(prefix="ckptd-py-")
         self.socket = os.path.join(self.dir, "ckptd.sock")
         self.log = open(os.path.join(self.dir, "ckptd.log"), "w")
         self.process = subprocess.Popen(
             [os.environ["CKPTD_BINARY"], "--socket", self.socket, "--root",
-             os.path.join(self.dir, "root"), "--pool_bytes", str(64 << 20),
-             "--load_batch_ms", "5000"],
+             root or os.path.join(self.dir, "root"), "--pool_bytes", str(64 << 20),
+             "--load_batch_ms", "5000",
+             # Bounds that fit a hard open-files limit of 4096 (ckptd
+             # refuses to start below what its bounds need).
+             "--max_sessions", "256", "--max_connections", "1024", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket + ".session"):
@@ -205,6 +210,40 @@ class PackageTest(unittest.TestCase):
         result = client.load("x", {"t": torch.zeros(4, 4), "u": torch.zeros(2)},
                              allow_missing=True)
         self.assertEqual(result["missing"], ["u"])
+
+
+
+class MessageLimitTest(unittest.TestCase):
+    """Byte items larger together than the daemon's message limit load whole:
+    the package follows the daemon's pages without being asked."""
+
+    def test_byte_items_past_the_message_limit_load_whole(self):
+        root = tempfile.mkdtemp(prefix="ckptd-py-root-")
+        try:
+            blobs = {f"state.{i}": bytes([i]) * (64 << 10) for i in range(12)}
+            sd = {"w": torch.arange(1024, dtype=torch.float32)}
+            # Saved through a daemon with the default limit (a save request
+            # must fit the limit itself) ...
+            daemon = Daemon(root)
+            try:
+                client = ckptd.Client("paged", socket=daemon.socket)
+                client.save("step-1", sd, byte_items=blobs).wait_committed()
+                del client
+            finally:
+                daemon.stop()
+            # ... and loaded through one whose limit is a third of them.
+            daemon = Daemon(root, ["--max_request_bytes", str(256 << 10)])
+            try:
+                client = ckptd.Client("paged", socket=daemon.socket)
+                zero(sd)
+                result = client.load("latest", sd, byte_items=list(blobs))
+                self.assertEqual(result["byte_items"], blobs)
+                self.assertTrue(torch.equal(sd["w"], torch.arange(1024, dtype=torch.float32)))
+                del client
+            finally:
+                daemon.stop()
+        finally:
+            shutil.rmtree(root)
 
 
 if __name__ == "__main__":

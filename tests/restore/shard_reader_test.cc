@@ -2,8 +2,10 @@
 // ShardFixture's, tests/support/shard_fixture.h): whole items, sub-ranges
 // and fanned-out deliveries arrive bit-exactly, from the file and from a
 // memory image; damage (a flipped byte, a truncated file) is DataLoss naming
-// the item and the file; a failing read, queue or destination is reported
-// with every staging buffer back in the pool.
+// the item and the file, and no byte of a damaged block reaches a
+// destination; blocks up to a staging buffer less a page verify wherever
+// they start, larger ones are refused; a failing read, queue or destination
+// is reported with every staging buffer back in the pool.
 #include "restore/shard_reader.h"
 
 #include <fcntl.h>
@@ -202,6 +204,126 @@ TEST_CASE("ShardReader verifies the blocks of a sub-range it delivers",
   CHECK_THAT(std::string(status.message()), Catch::Contains("c.big"));
 }
 
+// A destination that takes whole windows in few large writes, as GPU
+// memory does (MemorySource::PrefersLargeWrites), into this process.
+class LargeWriteMemory final : public MemorySource {
+ public:
+  absl::Status Read(absl::Span<const CopySpan> spans) override { return real_.Read(spans); }
+  absl::Status Write(absl::Span<const CopySpan> spans) override {
+    return real_.Write(spans);
+  }
+  bool PrefersLargeWrites() const override { return true; }
+
+ private:
+  HostProcessMemory real_{::getpid()};
+};
+
+TEST_CASE(
+    "ShardReader delivers no byte of a block whose checksum fails, even when "
+    "the flipped byte is the block's last but one, and names file and block",
+    "[shard_io][shard_reader]") {
+  const bool from_memory = GENERATE(false, true);
+  const bool large_writes = GENERATE(false, true);
+  INFO((from_memory ? "from a memory image" : "from the file")
+       << (large_writes ? ", to a destination that takes whole windows" : ""));
+  ShardFixture f;
+  LargeWriteMemory gpu_like;
+  if (large_writes) f.set_destination(&gpu_like);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  const ShardWriteResult written = f.WriteOrFail(queue.get());
+  const size_t big = f.IndexOf("c.big");
+  const std::string& source = f.source(big);
+  constexpr uint64_t kBlock = ShardFixture::kBlockBytes;
+  // A block past the item's middle that a grid of buffer-sized windows from
+  // the item's first page (where its read starts) would cut in two, so the
+  // reader must end a window before it. Every byte of the block before the
+  // flipped one matches.
+  const uint64_t first_page = f.ItemOffset(big) / 4096 * 4096;
+  auto grid_cuts = [&](uint64_t block) {
+    const uint64_t begin = f.ItemOffset(big) + block * kBlock - first_page;
+    return begin / ShardFixture::kBufferBytes !=
+           (begin + kBlock - 1) / ShardFixture::kBufferBytes;
+  };
+  uint64_t bad = source.size() / kBlock / 2;
+  while (!grid_cuts(bad)) ++bad;
+  REQUIRE((bad + 1) * kBlock < source.size());
+  const uint64_t bad_begin = bad * kBlock, bad_end = bad_begin + kBlock;
+  FlipByte(f.path(), f.ItemOffset(big) + bad_end - 2);
+
+  constexpr char kSentinel = '\x5a';
+  std::string destination(source.size(), kSentinel);
+  ShardReadRequest req =
+      f.ReadRequest({f.Range(big, written, 0, source.size(), destination.data())});
+  const std::string image = from_memory ? ReadWholeFile(f.path()) : std::string();
+  if (from_memory) req.memory_image = image.data();
+
+  ShardReader reader(f.pool(), queue.get());
+  const absl::Status status = reader.Read(req).status();
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  CHECK_THAT(std::string(status.message()), Catch::Contains("c.big"));
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("block " + std::to_string(bad) + ":"));
+  // Nothing of the damaged block nor of any block after it arrived.
+  CHECK(destination.find_first_not_of(kSentinel, bad_begin) == std::string::npos);
+  // The verified blocks before it arrived whole or not at all.
+  for (uint64_t at = 0; at < bad_begin; at += kBlock) {
+    INFO("block at item byte " << at);
+    const std::string got = destination.substr(at, kBlock);
+    CHECK((got == std::string(kBlock, kSentinel) || got == source.substr(at, kBlock)));
+  }
+  CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
+TEST_CASE(
+    "ShardReader verifies checksum blocks as large as a staging buffer less "
+    "one page wherever they start, and refuses larger ones before reading",
+    "[shard_io][shard_reader]") {
+  ShardFixture f;
+  std::unique_ptr<IoQueue> pwrite = CreatePwriteQueue(kQueueDepth);
+  const uint64_t largest = MaxChecksumBlockBytes(ShardFixture::kBufferBytes);
+  REQUIRE(largest == ShardFixture::kBufferBytes - 4096);
+  ShardWriteRequest write = f.WriteRequest();
+  write.checksum_block_bytes = largest;
+  ShardWriter writer(f.pool(), pwrite.get());
+  const absl::StatusOr<ShardWriteResult> written = writer.Write(write);
+  INFO(written.status());
+  REQUIRE(written.ok());
+  FaultInjectingQueue queue(kQueueDepth);
+  ShardReader reader(f.pool(), &queue);
+  std::vector<std::string> got;
+
+  SECTION("the largest blocks arrive bit-exactly, each page read once") {
+    ShardReadRequest req = f.ReadAllRequest(*written, &got);
+    req.checksum_block_bytes = largest;
+    const absl::StatusOr<uint64_t> bytes = reader.Read(req);
+    INFO(bytes.status());
+    REQUIRE(bytes.ok());
+    // Windows end before the block they would cut and the next starts on
+    // that block's page: the page read twice is counted once.
+    CHECK(*bytes == f.layout().file_size - f.layout().data_start);
+    for (size_t i = 0; i < f.entries().size(); ++i) {
+      INFO("entry " << f.entries()[i].fqn);
+      CHECK(got[i] == f.source(i));
+    }
+  }
+  SECTION("a block one byte larger is refused, nothing read or delivered") {
+    ShardReadRequest req = f.ReadAllRequest(*written, &got);
+    req.checksum_block_bytes = largest + 1;
+    const absl::Status status = reader.Read(req).status();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+    CHECK_THAT(std::string(status.message()), Catch::Contains("--buffer_bytes"));
+    CHECK(queue.submissions == 0);
+    for (size_t i = 0; i < f.entries().size(); ++i) {
+      CHECK(got[i] == std::string(f.entries()[i].length, '\0'));
+    }
+  }
+  CHECK(f.pool()->free_bytes() == kPoolBytes);
+}
+
 TEST_CASE("ShardReader reports DataLoss for a truncated file",
           "[shard_io][shard_reader]") {
   ShardFixture f;
@@ -217,6 +339,12 @@ TEST_CASE("ShardReader reports DataLoss for a truncated file",
   INFO(status);
   CHECK(status.code() == absl::StatusCode::kDataLoss);
   CHECK_THAT(std::string(status.message()), Catch::Contains(f.path()));
+  CHECK_THAT(std::string(status.message()), Catch::Contains("c.big"));
+  // The 3 bytes of the cut block that are in the file were not delivered
+  // (its checksum cannot be matched), nor was anything after them.
+  const uint64_t cut_block = 300000 / ShardFixture::kBlockBytes * ShardFixture::kBlockBytes;
+  REQUIRE(f.source(big).substr(cut_block, 3) != std::string(3, '\0'));
+  CHECK(got[big].find_first_not_of('\0', cut_block) == std::string::npos);
   CHECK(f.pool()->free_bytes() == kPoolBytes);
 }
 

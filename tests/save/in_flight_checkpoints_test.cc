@@ -7,6 +7,7 @@
 #include "save/in_flight_checkpoints.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -91,7 +92,7 @@ class Fixture {
     v1::SaveProgress out;
     uint64_t seen = 0;
     REQUIRE(board_
-                .WatchNext(part.session->id(), part.id, 0,
+                .WatchNext(part.session_id, part.id, 0,
                            [&](const v1::SaveProgress& p, uint64_t v) {
                              out = p;
                              seen = v;
@@ -232,7 +233,7 @@ TEST_CASE(
   uint64_t version = 0;
   const v1::SaveProgress now = f.Progress(*p0, &version);
   REQUIRE(f.board()
-              .WatchNext(p0->session->id(), p0->id, version,
+              .WatchNext(p0->session_id, p0->id, version,
                          [&](const v1::SaveProgress& p, uint64_t) {
                            heard = p.phase() == v1::PHASE_COMMITTED;
                            still_in_flight = f.set().Contains(kJob, kName);
@@ -270,6 +271,112 @@ TEST_CASE(
   CHECK(f.TryAdd(0).ok());
   // The attempt in flight now refuses the rank's second part.
   CHECK(f.TryAdd(0).status().code() == absl::StatusCode::kAlreadyExists);
+}
+
+TEST_CASE(
+    "InFlightCheckpoints fails an attempt still missing local ranks once the "
+    "timeout has passed since its first part, naming the missing ranks",
+    "[in_flight_checkpoints]") {
+  Fixture f(3, 3);
+  const std::shared_ptr<SavePart> p0 = f.Add(0);
+  const CheckpointAttempt& attempt = *p0->checkpoint;
+
+  SaveProgressBoard::ListenerCalls early;
+  const auto before = f.set().ExpireMissingRanks(
+      attempt, std::chrono::hours(1), /*node_id=*/0, &early);
+  early.Run();
+  CHECK(before.waiting);
+  CHECK_FALSE(before.retired.has_value());
+  CHECK(f.Progress(*p0).phase() == v1::PHASE_ACCEPTED);
+
+  SaveProgressBoard::ListenerCalls calls;
+  const auto expired = f.set().ExpireMissingRanks(
+      attempt, std::chrono::milliseconds(0), /*node_id=*/0, &calls);
+  calls.Run();
+  CHECK_FALSE(expired.waiting);
+  CHECK_FALSE(expired.retired.has_value());  // rank 0's worker still runs
+  CHECK(p0->cancelled.load());
+  const v1::SaveProgress progress = f.Progress(*p0);
+  CHECK(progress.phase() == v1::PHASE_FAILED);
+  CHECK(progress.reason() ==
+        "ranks 1-2 did not submit within 0 ms of the first part (1 of 3 "
+        "local ranks submitted: 0)");
+  // A rank that comes late finds the attempt ended, not a new one.
+  CHECK(f.TryAdd(1).status().code() == absl::StatusCode::kFailedPrecondition);
+
+  const auto last = f.Finish(*p0, absl::CancelledError("save cancelled"));
+  REQUIRE(last.retired.has_value());
+  CHECK(last.retired->phase == v1::PHASE_FAILED);
+  CHECK_FALSE(f.set().Contains(kJob, kName));  // the name is free
+  CHECK(f.Add(1)->checkpoint != p0->checkpoint);
+}
+
+TEST_CASE(
+    "InFlightCheckpoints lets the local-ranks deadline go once every local "
+    "rank has submitted, however long the writing takes",
+    "[in_flight_checkpoints]") {
+  Fixture f(2, 2);
+  const std::shared_ptr<SavePart> p0 = f.Add(0);
+  const std::shared_ptr<SavePart> p1 = f.Add(1);
+  SaveProgressBoard::ListenerCalls calls;
+  const auto check = f.set().ExpireMissingRanks(
+      *p0->checkpoint, std::chrono::milliseconds(0), /*node_id=*/0, &calls);
+  calls.Run();
+  CHECK_FALSE(check.waiting);
+  CHECK_FALSE(check.retired.has_value());
+  CHECK_FALSE(p0->cancelled.load());
+  CHECK(f.Progress(*p0).phase() == v1::PHASE_ACCEPTED);
+  CHECK_FALSE(f.Finish(*p0, absl::OkStatus()).node_durable);
+  CHECK(f.Finish(*p1, absl::OkStatus()).node_durable);
+}
+
+TEST_CASE(
+    "MissingLocalRanks names the missing ranks when the job runs on this node "
+    "alone or follows torchrun's numbering, and counts them otherwise",
+    "[in_flight_checkpoints]") {
+  // The whole job on this node: no doubt which ranks are missing.
+  CHECK(MissingLocalRanks(4, 4, 0, {0, 2}) == "ranks 1, 3");
+  CHECK(MissingLocalRanks(2, 2, 0, {0}) == "rank 1");
+  CHECK(MissingLocalRanks(100, 100, 0, {50}) == "ranks 0-49, 51-99");
+  // Node 1 of a job of 16 ranks, 4 per node: torchrun gives it ranks 4-7.
+  CHECK(MissingLocalRanks(16, 4, 1, {4, 6}) ==
+        "ranks 5, 7 (node 1's block 4-7 in torchrun's numbering)");
+  // Ranks that submitted outside that block: the others cannot be named.
+  CHECK(MissingLocalRanks(16, 4, 1, {0, 9}) ==
+        "2 ranks this node cannot name (the ranks that submitted are not "
+        "node 1's block 4-7 of torchrun's numbering)");
+  // A long list is cut: every waiter gets the reason in each message.
+  std::vector<uint32_t> odd;
+  for (uint32_t r = 1; r < 64; r += 2) odd.push_back(r);
+  CHECK(MissingLocalRanks(64, 64, 0, odd) ==
+        "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 and "
+        "16 more");
+}
+
+TEST_CASE(
+    "InFlightCheckpoints lets go of a part's session once its worker is done, "
+    "while the checkpoint still waits, and still knows whose save it is",
+    "[in_flight_checkpoints]") {
+  Fixture f(2, 1, /*nodes=*/2);
+  const std::shared_ptr<SavePart> p0 = f.Add(0);
+  REQUIRE(p0->session != nullptr);
+  const auto finished = f.Finish(*p0, absl::OkStatus());
+  CHECK(finished.node_durable);
+  CHECK_FALSE(finished.retired.has_value());  // node 1 is still to come
+  // The trainer's pidfd and memory file live in its session: a part that
+  // waits for other nodes must not keep them open.
+  CHECK(p0->session == nullptr);
+  CHECK(p0->session_id == f.session(0).id());
+  // Its own session is still told "too late to cancel" (this node is
+  // durable), another one that it has no such save.
+  SaveProgressBoard::ListenerCalls calls;
+  CHECK(f.set().CancelSave(f.session(0), p0->id, &calls).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  const auto stranger = testing::OpenOwnProcessSession(
+      {.session_id = 99, .job = kJob, .world_size = 2, .nodes = 2});
+  CHECK(f.set().CancelSave(*stranger, p0->id, &calls).status().code() ==
+        absl::StatusCode::kNotFound);
+  calls.Run();
 }
 
 }  // namespace

@@ -389,5 +389,112 @@ TEST_CASE(
   CHECK(commit->index().nodes() == 2);
 }
 
+SaveHarnessOptions WithLocalRanksTimeout(uint64_t ms) {
+  SaveHarnessOptions options;
+  options.local_ranks_timeout_ms = ms;
+  return options;
+}
+
+TEST_CASE(
+    "SaveCoordinator fails a checkpoint whose local ranks have not all "
+    "submitted within the timeout, naming the missing ranks to every waiter, "
+    "and leaves none of the files the others wrote",
+    "[save_coordinator]") {
+  TempDir root;
+  SaveHarness harness(root.path(), WithLocalRanksTimeout(1000));
+  // Four ranks on this node: 0 and 2 submit, 1 is connected and never
+  // submits, 3 never connects.
+  SaveHarness::Rank& rank0 = harness.AddRank(0, 4, 4);
+  harness.AddRank(1, 4, 4);
+  SaveHarness::Rank& rank2 = harness.AddRank(2, 4, 4);
+  const absl::Time first_part = absl::Now();
+  const std::vector<std::shared_ptr<ProgressLog>> parts = {
+      harness.Save(rank0, kCheckpoint), harness.Save(rank2, kCheckpoint)};
+  // A second watcher of rank 0's save (another thread of the trainer, or
+  // ckptctl's view) must hear the end as well.
+  const std::vector<std::shared_ptr<ProgressLog>> waiters = {
+      parts[0], parts[1],
+      ProgressLog::Watch(&harness.coordinator(), rank0.session,
+                         parts[0]->save_id())};
+
+  // The parts that came are written whole, and their files are on disk,
+  // before the deadline.
+  for (const auto& log : parts) WaitForPhase(*log, v1::PHASE_STAGED);
+  const std::vector<std::string> during = PathsUnder(root.path());
+  INFO("under the root before the deadline: " << absl::StrJoin(during, " "));
+  CHECK(std::count_if(during.begin(), during.end(), IsDataFile) == 2);
+
+  for (const auto& log : waiters) {
+    const v1::SaveProgress end = WaitForEnd(*log);
+    INFO(log->Describe());
+    CHECK(end.phase() == v1::PHASE_FAILED);
+    CHECK(end.reason() ==
+          "ranks 1, 3 did not submit within 1000 ms of the first part (2 of 4 "
+          "local ranks submitted: 0, 2)");
+  }
+  CHECK(absl::Now() - first_part >= absl::Milliseconds(1000));
+  CHECK(harness.coordinator().InFlight().empty());
+  CheckNothingLeft(harness, root);
+}
+
+TEST_CASE(
+    "SaveCoordinator frees the name of a checkpoint that timed out waiting "
+    "for a local rank, and a new attempt of it by every rank commits",
+    "[save_coordinator]") {
+  TempDir root;
+  SaveHarness harness(root.path(), WithLocalRanksTimeout(300));
+  SaveHarness::Rank& rank0 = harness.AddRank(0, 2, 2);
+  SaveHarness::Rank& rank1 = harness.AddRank(1, 2, 2);
+  const std::shared_ptr<ProgressLog> alone = harness.Save(rank0, kCheckpoint);
+  const v1::SaveProgress failed = WaitForEnd(*alone);
+  INFO(alone->Describe());
+  REQUIRE(failed.phase() == v1::PHASE_FAILED);
+  CHECK_THAT(failed.reason(), Catch::StartsWith("rank 1 did not submit"));
+
+  // The name is refused (Unavailable) only while the failed attempt's
+  // files are being removed.
+  absl::StatusOr<uint64_t> again;
+  const absl::Time deadline = absl::Now() + ::ckpt::testing::kPhaseWaitLimit;
+  do {
+    again = harness.coordinator().Submit(rank0.session, rank0.request);
+    if (!absl::IsUnavailable(again.status())) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < deadline);
+  INFO(again.status());
+  REQUIRE(again.ok());
+  CHECK(*again != alone->save_id());
+  const std::vector<std::shared_ptr<ProgressLog>> logs = {
+      ProgressLog::Watch(&harness.coordinator(), rank0.session, *again),
+      harness.Save(rank1, kCheckpoint)};
+  for (const auto& log : logs) {
+    const v1::SaveProgress end = WaitForEnd(*log);
+    INFO(log->Describe());
+    CHECK(end.phase() == v1::PHASE_COMMITTED);
+  }
+  CHECK(harness.store().IsCommitted(SaveHarness::kJob, kCheckpoint));
+}
+
+TEST_CASE(
+    "SaveCoordinator keeps a checkpoint whose local ranks all submitted in "
+    "time, however long after the timeout its files take to write",
+    "[save_coordinator]") {
+  TempDir root;
+  SaveHarness harness(root.path(), WithLocalRanksTimeout(200));
+  SaveHarness::Rank& rank0 = harness.AddRank(0, 2, 2);
+  SaveHarness::Rank& rank1 = harness.AddRank(1, 2, 2);
+  harness.HoldWorkers();
+  const std::vector<std::shared_ptr<ProgressLog>> logs = {
+      harness.Save(rank0, kCheckpoint), harness.Save(rank1, kCheckpoint)};
+  // Several deadline checks pass while nothing is written.
+  absl::SleepFor(absl::Milliseconds(500));
+  for (const auto& log : logs) CHECK(log->Latest().phase() == v1::PHASE_ACCEPTED);
+  harness.ReleaseWorkers();
+  for (const auto& log : logs) {
+    const v1::SaveProgress end = WaitForEnd(*log);
+    INFO(log->Describe());
+    CHECK(end.phase() == v1::PHASE_COMMITTED);
+  }
+}
+
 }  // namespace
 }  // namespace ckpt

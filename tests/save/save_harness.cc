@@ -173,6 +173,7 @@ SaveHarness::SaveHarness(std::string root, SaveHarnessOptions options)
   save.nodes = options_.nodes;
   save.checksum_block_bytes = 64 * 1024;
   save.commit_timeout_ms = options_.commit_timeout_ms;
+  save.local_ranks_timeout_ms = options_.local_ranks_timeout_ms;
   coordinator_ = std::make_unique<SaveCoordinator>(
       save, &store_, pool_.get(), workers_.get(), &leases_, &tier_,
       options_.file_ops != nullptr ? *options_.file_ops : DefaultFileOps());
@@ -239,6 +240,7 @@ void SaveHarness::ReleaseWorkers() {
 
 void SaveHarness::StopWorkers() {
   ReleaseWorkers();
+  if (coordinator_ != nullptr) coordinator_->StopWatching();
   workers_.reset();
 }
 

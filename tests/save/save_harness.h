@@ -5,8 +5,8 @@
 //   - the I/O workers run on FaultInjectingQueues (IoWorkers' QueueFactory)
 //     that the harness owns, so a test sets faults before the workers start
 //     and reads the queues' observations once they have stopped;
-//   - the data files' ftruncate/fsync and the node manifest's write go
-//     through the FileOps the test passes;
+//   - the data files' ftruncate/fsync and the node manifest's and COMMIT's
+//     writes go through the FileOps the test passes;
 //   - each rank is a Session of this very process (OpenOwnProcessSession)
 //     with its tensors in a buffer the harness owns;
 //   - every save is watched through WatchNext as a trainer's stream would
@@ -104,6 +104,7 @@ struct SaveHarnessOptions {
   uint32_t nodes = 1;
   uint32_t io_workers = 2;
   uint64_t commit_timeout_ms = 60'000;
+  uint64_t local_ranks_timeout_ms = 60'000;
   FileOps* file_ops = nullptr;  // null: the real syscalls
   // Applied to each worker's queue before the workers start.
   std::function<void(FaultInjectingQueue&)> faults;
@@ -146,7 +147,8 @@ class SaveHarness {
   // wait in the queue.
   void HoldWorkers();
   void ReleaseWorkers();
-  // Finishes every queued task, the removal of a failed save's files
+  // Stops the coordinator's commit watcher (it posts to the workers), then
+  // finishes every queued task, the removal of a failed save's files
   // included, and joins the workers. The coordinator posts nothing more
   // afterwards only if no save is left in flight.
   void StopWorkers();

@@ -168,7 +168,7 @@ class Handshake {
     REQUIRE(::chmod(dir_.path().c_str(), 0755) == 0);
     socket_ = dir_.File("ckptd.sock.session");
     absl::StatusOr<std::unique_ptr<SessionRegistry>> registry =
-        SessionRegistry::Start(socket_, 8, SessionGpu{}, nullptr);
+        SessionRegistry::Start(socket_, SocketAccess{}, 8, SessionGpu{}, nullptr);
     INFO(registry.status());
     REQUIRE(registry.ok());
     registry_ = std::move(*registry);

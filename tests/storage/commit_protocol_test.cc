@@ -229,6 +229,50 @@ TEST_CASE("Replica sets round-trip through their compact and listed encodings",
   CHECK(DecodeReplicaRanks(all) == everyone);
 }
 
+TEST_CASE("The merge matches replica sets without decoding them, however many ranks they name",
+          "[commit_protocol][hostile]") {
+  // Before, each set was decoded into a vector of its ranks: these 4096
+  // sets of 2^23 ranks each, a few bytes apiece in the manifest, would have
+  // taken 128 GiB.
+  v1::Manifest m0 = NodeManifest(0, 1000);
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  for (v1::Manifest* m : {&m0, &m1}) m->set_world_size(1 << 24);
+  for (uint32_t i = 0; i < 4096; ++i) {
+    v1::ReplicaSet* set = m0.add_replica_sets();
+    set->set_first(i);
+    set->set_stride(1);
+    set->set_count(1 << 23);
+    set->set_chunk_list_xxh3(ChunkListDigest({}));
+  }
+  // One set that node 0 encodes compactly and node 1 lists is one set.
+  *m0.add_replica_sets() = SetOf({0, 1}, {});
+  v1::ReplicaSet* listed = m1.add_replica_sets();
+  *listed = SetOf({0, 1}, {});
+  listed->set_first(0);
+  listed->set_stride(0);
+  listed->set_count(0);
+  listed->add_ranks(0);
+  listed->add_ranks(1);
+  const v1::CommitRecord record = MergeOrFail({m0, m1});
+  CHECK(record.index().replica_sets_size() == 2 + 4096 + 1);
+}
+
+TEST_CASE("Nodes that disagree on a tensor's dtype fail the merge rather than "
+          "commit an index every reader refuses",
+          "[commit_protocol][hostile]") {
+  v1::Manifest m0 = NodeManifest(0, 1000);
+  v1::Manifest m1 = NodeManifest(1, 3000);
+  v1::StoredTensor* t = m1.mutable_tensors(0);
+  t->set_dtype(v1::DTYPE_BF16);
+  t->set_length(16);
+  m1.mutable_files(0)->set_size(4096 + 16);
+  *m1.mutable_replica_sets(0) = SetOf({1}, {*t});
+  const absl::StatusOr<v1::CommitRecord> record = MergeNodeManifests({m0, m1});
+  INFO(record.status().ToString());
+  CHECK(record.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(record.status().message()), Catch::Contains("disagree"));
+}
+
 TEST_CASE("Nodes that report different chunks for one replica set fail the merge",
           "[commit_protocol]") {
   v1::Manifest m0 = NodeManifest(0, 1000);

@@ -36,6 +36,8 @@ struct OwnSessionSpec {
   uint32_t local_world_size = 1;
   uint32_t node_id = 0;  // the daemon's node, which the rank declares
   uint32_t nodes = 1;
+  // The daemon's layout budget; null: the session's own, default limits.
+  std::shared_ptr<LayoutBudget> layouts = nullptr;
 };
 
 // An opened session of this process, or the test fails.
@@ -45,7 +47,7 @@ inline std::shared_ptr<Session> OpenOwnProcessSession(
   REQUIRE(pidfd.valid());
   auto session = std::make_shared<Session>(
       spec.session_id, absl::StrCat("token-", spec.session_id), ::getpid(),
-      ::getuid(), std::move(pidfd));
+      ::getuid(), std::move(pidfd), SessionGpu{}, spec.layouts);
   v1::OpenSessionRequest request;
   request.set_rank(spec.rank);
   request.set_world_size(spec.world_size);

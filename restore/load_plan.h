@@ -1,0 +1,38 @@
+// PlanLoadRequest: one rank's load request checked and planned against a
+// committed checkpoint's index, before anything is read.
+//
+// The request is untrusted (a trainer's) and so is the index (the shared
+// storage root's, checked by ValidateCommitRecord): every tensor item is
+// validated on its own (plan/tensor_item.h), resolved inside the session's
+// registered memory, matched with the stored chunks of its fqn, and turned
+// into deliveries (byte ranges of stored chunks to peer addresses) only if
+// the stored chunks cover its box. Split out of the loader so that it can be
+// tested and fuzzed without storage (fuzz/load_request_fuzzer.cc).
+//
+// Thread-safety: a function of its arguments; `session` is used through its
+// thread-safe methods.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "ckpt/v1/control.pb.h"
+#include "ckpt/v1/manifest.pb.h"
+#include "restore/shard_reader.h"
+#include "session/session.h"
+
+namespace ckpt {
+
+// Plans `request` against `index` (`by_fqn`: the indexes into
+// index.tensors() of each fqn's chunks): its deliveries per stored chunk
+// (appended to `deliveries`, only if the whole request is valid) and its
+// byte items and missing list (into `response`).
+absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
+                             const v1::Manifest& index,
+                             const std::map<std::string, std::vector<int>>& by_fqn,
+                             std::map<int, std::vector<Delivery>>* deliveries,
+                             v1::LoadResponse* response);
+
+}  // namespace ckpt
