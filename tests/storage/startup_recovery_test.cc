@@ -17,12 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "storage/checkpoint_store.h"
 #include "storage/durable_file.h"
+#include "support/committed_checkpoint.h"
 #include "support/planted_files.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
 
+using ::ckpt::testing::CommitInStore;
 using ::ckpt::testing::ReadBytes;
 using ::ckpt::testing::TempDir;
 using ::ckpt::testing::WriteBytes;
@@ -47,22 +49,9 @@ struct Fixture {
   }
   // A committed checkpoint (marker, COMMIT; LATEST moved to it).
   void Commit(const std::string& job, const std::string& name, int64_t micros) {
-    REQUIRE(store.PrepareForSave(job, name, 0).ok());
-    v1::CommitRecord record;
-    record.set_format_version(1);
-    record.add_node_manifests("node-0000.manifest");
-    v1::Manifest& index = *record.mutable_index();
-    index.set_format_version(1);
-    index.set_job(job);
-    index.set_checkpoint(name);
-    index.set_nodes(1);
-    index.set_world_size(1);
-    index.set_checksum_block_bytes(1 << 20);
-    index.add_replica_sets()->add_ranks(0);
-    record.set_committed_unix_micros(micros);
-    REQUIRE(store.WriteCommit(record).ok());
-    REQUIRE(store.UpdateLatest(job, name, micros).ok());
+    CommitInStore(store, job, name, micros);
   }
+
   // What a node wrote of a save that died: marker, and `files` (data).
   void Uncommitted(const std::string& job, const std::string& name,
                    const std::vector<std::string>& files) {

@@ -18,6 +18,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/durable_file.h"
 #include "storage/garbage_collector.h"
+#include "support/committed_checkpoint.h"
 #include "support/planted_files.h"
 #include "support/temp_dir.h"
 
@@ -25,6 +26,8 @@ namespace ckpt {
 namespace {
 
 using ::ckpt::testing::Age;
+using ::ckpt::testing::CommitInStore;
+using ::ckpt::testing::OneNodeCommitRecord;
 using ::ckpt::testing::ReadBytes;
 using ::ckpt::testing::Symlink;
 using ::ckpt::testing::TempDir;
@@ -47,24 +50,10 @@ struct Fixture {
 
   v1::CommitRecord Record(const std::string& job, const std::string& name,
                           int64_t micros) const {
-    v1::CommitRecord record;
-    record.set_format_version(1);
-    record.add_node_manifests("node-0000.manifest");
-    v1::Manifest& index = *record.mutable_index();
-    index.set_format_version(1);
-    index.set_job(job);
-    index.set_checkpoint(name);
-    index.set_nodes(1);
-    index.set_world_size(1);
-    index.set_checksum_block_bytes(1 << 20);
-    index.add_replica_sets()->add_ranks(0);
-    record.set_committed_unix_micros(micros);
-    return record;
+    return OneNodeCommitRecord(job, name, micros);
   }
   void Commit(const std::string& job, const std::string& name, int64_t micros) {
-    REQUIRE(store.PrepareForSave(job, name, 0).ok());
-    REQUIRE(store.WriteCommit(Record(job, name, micros)).ok());
-    REQUIRE(store.UpdateLatest(job, name, micros).ok());
+    CommitInStore(store, job, name, micros);
   }
   // A PyTorch DCP checkpoint as a user would copy it in.
   std::string CopyInDcp(const std::string& job, const std::string& name) {
