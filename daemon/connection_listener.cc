@@ -103,6 +103,7 @@ void ConnectionListener::Stop() {
 
 void ConnectionListener::Run() {
   bool starved = false;
+  absl::Time last_starved_log = absl::InfinitePast();
   for (;;) {
     pollfd fds[2] = {{stop_.get(), POLLIN, 0}, {listener_.get(), POLLIN, 0}};
     // Starved: wait on the stop descriptor alone for a while, since the
@@ -119,10 +120,15 @@ void ConnectionListener::Run() {
     if (!fd.valid()) {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) {
-        starved = false;
+        starved = false;  // nothing pending: back to waiting on the listener
         continue;
       }
-      if (!starved) {
+      // Once per starvation, and at most every 10 s: a descriptor freed now
+      // and then (one accept succeeds, the next fails again) must not turn
+      // the warning into a stream.
+      const absl::Time now = absl::Now();
+      if (!starved && now - last_starved_log >= absl::Seconds(10)) {
+        last_starved_log = now;
         LogWarning("cannot accept connections on ", path_, ": ", std::strerror(err),
                    IsStarvation(err) ? " (out of descriptors or memory; retrying every "
                                      : " (retrying every ",
