@@ -7,7 +7,8 @@
 #      peak RSS for a checkpoint 4x the staging pool, restore throughput;
 #   3. four ckptd daemons (nodes) sharing the directory: replica dedupe and
 #      per-node write balance for HSDP, DDP and FSDP layouts;
-#   4. ckpt-plan-bench: node planning time and index size up to 4,096 nodes.
+#   4. ckpt-plan-bench: node planning time and index size up to 4,096 nodes;
+#   5. bench/python_save_bench.py: the Python save call beside the C++ one.
 # Prints one JSON object per measurement and a summary with the ratios.
 #
 #   bench/run_benchmarks.sh [DIR]        (default: a new directory in /tmp)
@@ -97,6 +98,11 @@ kill "${pids[@]}"; wait 2>/dev/null || true
 trap - EXIT
 
 build/bench/ckpt-plan-bench --dir "$dir"
+# The Python save call (ckptd.torch, plain tensors and DTensors) beside
+# ckpt-loadgen's, through a daemon of its own (needs the project venv).
+if [ -x .venv/bin/python ] && [ -d build/python/ckptd ]; then
+  .venv/bin/python bench/python_save_bench.py --build build | tail -n 1
+fi
 # The checkpoints are several GiB; keep only the logs.
 rm -rf "$dir/root" "$dir/shared" "$dir/tier-root"
 

@@ -42,8 +42,15 @@ absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
   const auto deadline = std::chrono::steady_clock::now() + kHandshakeRetryFor;
   while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
-    if ((err != ENOENT && err != ECONNREFUSED && err != EINTR) ||
-        std::chrono::steady_clock::now() >= deadline) {
+    const bool absent = err == ENOENT || err == ECONNREFUSED;
+    if (absent && std::chrono::steady_clock::now() >= deadline) {
+      // No daemon there: UNAVAILABLE, as gRPC says of a server that is
+      // down, so callers tell it from a refused or malformed request.
+      return absl::UnavailableError(absl::StrCat("connect ", path, ": ",
+                                                 std::strerror(err),
+                                                 "; is ckptd running?"));
+    }
+    if (!absent && err != EINTR) {
       return Annotate(ErrnoToStatus(err, absl::StrCat("connect ", path)),
                       "is ckptd running?");
     }
@@ -254,6 +261,16 @@ Client::~Client() {
   if (watcher.joinable()) watcher.join();
 }
 
+absl::StatusOr<bool> Client::DaemonAlive() const {
+  pollfd fd = {handshake_.get(), POLLRDHUP, 0};
+  for (;;) {
+    const int n = ::poll(&fd, 1, 0);
+    if (n >= 0) break;
+    if (errno != EINTR) return ErrnoToStatus(errno, "poll(session socket)");
+  }
+  return (fd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
+}
+
 absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
   v1::ReleaseRegionsRequest request;
   request.set_session_token(token_);
@@ -427,12 +444,17 @@ bool SaveHandle::Reached(v1::Phase phase, bool enqueued) const {
   return progress_.phase() >= phase || (enqueued && progress_.copies_enqueued());
 }
 
-absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
+absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued,
+                                 absl::Duration timeout) {
   StartFollowing();
   const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return ended_ || IsFinalPhase(progress_.phase()) || Reached(phase, enqueued);
   };
-  absl::MutexLock lock(&mu_, absl::Condition(&settled));
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "save ", id_, " has not reached ", v1::Phase_Name(phase), " yet"));
+  }
   if (progress_.phase() == v1::PHASE_FAILED ||
       progress_.phase() == v1::PHASE_CANCELLED) {
     const auto code = progress_.phase() == v1::PHASE_CANCELLED
@@ -448,6 +470,12 @@ absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued) {
 }
 
 absl::Status SaveHandle::WaitStaged() { return WaitFor(v1::PHASE_STAGED); }
+absl::Status SaveHandle::WaitStaged(absl::Duration timeout) {
+  return WaitFor(v1::PHASE_STAGED, /*enqueued=*/false, timeout);
+}
+absl::Status SaveHandle::WaitCommitted(absl::Duration timeout) {
+  return WaitFor(v1::PHASE_COMMITTED, /*enqueued=*/false, timeout);
+}
 
 absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
   RETURN_IF_ERROR(WaitFor(v1::PHASE_STAGED, /*enqueued=*/true));

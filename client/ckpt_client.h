@@ -41,6 +41,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ckpt/v1/control.grpc.pb.h"
 #include "common/control_socket.h"
 #include "common/unique_fd.h"
@@ -89,6 +90,12 @@ class SaveHandle {
   // Blocks until every byte of this rank is copied out of its memory (the
   // memory may be mutated after this returns OK), or the save fails.
   absl::Status WaitStaged();
+  // WaitStaged and WaitCommitted for at most `timeout`: DeadlineExceeded
+  // if the phase is neither reached nor failed by then (the save goes on).
+  // A caller that must stay interruptible (the Python binding checks for
+  // Ctrl-C between waits) waits in such slices.
+  absl::Status WaitStaged(absl::Duration timeout);
+  absl::Status WaitCommitted(absl::Duration timeout);
   // The GPU-side STAGED: blocks the CPU only until the daemon has enqueued
   // every copy of this rank's save (with a pool smaller than the state,
   // until the part that does not fit went to storage), then makes `stream`
@@ -108,8 +115,10 @@ class SaveHandle {
              TrainerGpu* gpu, std::vector<std::string> gpu_devices);
   void Follow();
   void StartFollowing();
-  // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED).
-  absl::Status WaitFor(v1::Phase phase, bool enqueued = false);
+  // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED),
+  // for at most `timeout`.
+  absl::Status WaitFor(v1::Phase phase, bool enqueued = false,
+                       absl::Duration timeout = absl::InfiniteDuration());
   // Whether the progress seen so far satisfies WaitFor(phase, enqueued).
   bool Reached(v1::Phase phase, bool enqueued) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +181,10 @@ class Client {
 
   const ConnectOptions& options() const { return options_; }
   uint32_t daemon_pid() const { return daemon_pid_; }
+  // Whether the daemon that made the handshake still holds its end of the
+  // session socket (one non-blocking poll): false once it exited or
+  // restarted, and then every call of this Client fails; connect anew.
+  absl::StatusOr<bool> DaemonAlive() const;
 
  private:
   Client(ConnectOptions options, UniqueFd handshake, std::string token,

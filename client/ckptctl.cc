@@ -1,18 +1,12 @@
-// ckptctl: the operator's CLI for ckptd.
-//
-//   ckptctl [--socket PATH] status [--watch]   in-flight saves, live progress
-//   ckptctl [--socket PATH] list [JOB]         checkpoints (committed or not)
-//   ckptctl [--socket PATH] cancel JOB CHECKPOINT
-//   ckptctl [--socket PATH] gc [JOB]           remove stale uncommitted ones
-//   ckptctl [--socket PATH] verify JOB [CHECKPOINT]   check every stored byte
-//   ckptctl [--socket PATH] inspect [--json] JOB [CHECKPOINT]   the index
-//
-// Exit status: 0 on success, 1 on an error from the daemon (or damage found
-// by verify), 2 on bad usage.
+// ckptctl: the operator's CLI for ckptd: status, list, cancel, gc, verify,
+// inspect and export. Each command's manual and the exit statuses they share
+// are in client/ckptctl_help.h (`ckptctl COMMAND --help`).
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,12 +15,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ckpt_client.h"
+#include "client/ckptctl_help.h"
+#include "client/hf_export.h"
 #include "common/control_socket.h"
 #include "common/status.h"
 
@@ -34,21 +32,19 @@ namespace {
 
 using ckpt::v1::Ckptd;
 
-constexpr int kBadUsage = 2;
+using ckpt::ctl::kExitDamage;
+using ckpt::ctl::kExitError;
+using ckpt::ctl::kExitOk;
+using ckpt::ctl::kExitUnreachable;
+using ckpt::ctl::kExitUsage;
 
-constexpr char kUsage[] =
-    "usage: ckptctl [--socket PATH] COMMAND\n"
-    "  status [--watch]        in-flight saves with progress (--watch: live)\n"
-    "  list [JOB]              checkpoints of JOB (default: every job)\n"
-    "  cancel JOB CHECKPOINT   cancel an in-flight checkpoint\n"
-    "  gc [JOB]                remove uncommitted checkpoints older than the\n"
-    "                          newest committed one\n"
-    "  verify JOB [CHECKPOINT] re-read and check every stored byte (default:\n"
-    "                          latest); exits 1 on damage\n"
-    "  inspect [--json] JOB [CHECKPOINT]\n"
-    "                          files, tensor chunks and byte items of a\n"
-    "                          committed checkpoint (default: latest);\n"
-    "                          --json: the whole COMMIT record\n";
+// Bad usage of `command` ("" for none): its manual, or the summary, on
+// stderr.
+int BadUsage(absl::string_view command) {
+  const std::string page = ckpt::ctl::CommandPage(command);
+  std::fputs(page.empty() ? ckpt::ctl::Summary().c_str() : page.c_str(), stderr);
+  return kExitUsage;
+}
 
 std::string Bytes(double n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -79,6 +75,24 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
       s.version(), s.pid(), s.node_id(), s.nodes(), s.root(), s.io_backend(),
       Bytes(s.staging_pool_bytes()), Bytes(s.staging_pool_free_bytes()),
       Bytes(s.peak_rss_bytes()), s.sessions());
+  const ckpt::v1::StartupRecoveryReport& r = s.startup_recovery();
+  const int recovered = r.temporaries_removed_size() + r.checkpoints_removed_size() +
+                        r.parts_removed_size() + r.latest_repaired_size() +
+                        r.left_size() + r.errors_size();
+  if (recovered > 0) {
+    // What the daemon's start cleaned up after a crash (its log has it too).
+    absl::StrAppend(&out, "at start:\n");
+    for (const auto& [what, lines] :
+         {std::pair<const char*, const google::protobuf::RepeatedPtrField<std::string>*>(
+              "removed temporary", &r.temporaries_removed()),
+          {"removed uncommitted", &r.checkpoints_removed()},
+          {"removed this node's part of", &r.parts_removed()},
+          {"repaired LATEST of", &r.latest_repaired()},
+          {"left", &r.left()},
+          {"ERROR", &r.errors()}}) {
+      for (const std::string& line : *lines) absl::StrAppend(&out, "  ", what, " ", line, "\n");
+    }
+  }
   if (s.saves().empty()) return out + "no saves in flight\n";
   for (const auto& p : s.saves()) {
     const double elapsed =
@@ -112,7 +126,9 @@ constexpr absl::Duration kNoDeadline = absl::InfiniteDuration();
 class Daemon {
  public:
   explicit Daemon(const std::string& socket)
-      : stub_(Ckptd::NewStub(ckpt::DaemonChannel(socket))) {}
+      : socket_(socket), stub_(Ckptd::NewStub(ckpt::DaemonChannel(socket))) {}
+
+  const std::string& socket() const { return socket_; }
 
   // `method` is a unary call of the stub, e.g. &Ckptd::Stub::Verify.
   template <typename Request, typename Response>
@@ -131,47 +147,83 @@ class Daemon {
   }
 
  private:
+  const std::string socket_;
   const std::unique_ptr<Ckptd::Stub> stub_;
 };
 
+// `message` as JSON, field names as in the proto; `pretty`: indented,
+// else one line (--watch --json prints one object per line).
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool pretty) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;  // rank 0 is a rank too
+  auto converted = google::protobuf::util::MessageToJsonString(message, &text, options);
+  if (!converted.ok()) {
+    return absl::InternalError(
+        absl::StrCat("to JSON: ", converted.message().as_string()));
+  }
+  if (!pretty) text.push_back('\n');
+  return text;
+}
+
 // Each command returns its exit status, or the error main prints.
-absl::StatusOr<int> Status(Daemon& daemon, bool watch) {
+absl::StatusOr<int> Status(Daemon& daemon, bool watch, bool json) {
   while (true) {
     ASSIGN_OR_RETURN(const ckpt::v1::DaemonStatusResponse response,
                      daemon.Call(&Ckptd::Stub::DaemonStatus,
                                  ckpt::v1::DaemonStatusRequest(), "DaemonStatus",
                                  kQueryDeadline));
-    const std::string text = RenderStatus(response);
-    // Redraw in place on a terminal.
-    if (watch && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
+    std::string text;
+    if (json) {
+      ASSIGN_OR_RETURN(text, ToJson(response, /*pretty=*/!watch));
+    } else {
+      text = RenderStatus(response);
+      // Redraw in place on a terminal.
+      if (watch && isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);
+    }
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
-    if (!watch) return 0;
+    if (!watch) return kExitOk;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 }
 
-absl::StatusOr<int> List(Daemon& daemon, const std::string& job) {
+// "42s", "17m", "5h", "3d": how long ago, to the largest whole unit.
+std::string Age(absl::Duration age) {
+  if (age < absl::Minutes(1)) return absl::StrCat(absl::ToInt64Seconds(age), "s");
+  if (age < absl::Hours(1)) return absl::StrCat(absl::ToInt64Minutes(age), "m");
+  if (age < absl::Hours(48)) return absl::StrCat(absl::ToInt64Hours(age), "h");
+  return absl::StrCat(absl::ToInt64Hours(age) / 24, "d");
+}
+
+absl::StatusOr<int> List(Daemon& daemon, const std::string& job, bool json) {
   ckpt::v1::ListCheckpointsRequest request;
   request.set_job(job);
   ASSIGN_OR_RETURN(const ckpt::v1::ListCheckpointsResponse response,
                    daemon.Call(&Ckptd::Stub::ListCheckpoints, request, "List",
                                kQueryDeadline));
-  std::printf("%-24s %-24s %-12s %6s %12s  %s\n", "JOB", "CHECKPOINT", "STATE",
-              "RANKS", "SIZE", "COMMITTED");
+  if (json) {
+    ASSIGN_OR_RETURN(const std::string text, ToJson(response, /*pretty=*/true));
+    std::fputs(text.c_str(), stdout);
+    return kExitOk;
+  }
+  const absl::Time now = absl::Now();
+  std::printf("%-24s %-24s %-12s %6s %12s %6s  %s\n", "JOB", "CHECKPOINT", "STATE",
+              "RANKS", "SIZE", "AGE", "COMMITTED (UTC)");
   for (const auto& c : response.checkpoints()) {
+    const absl::Time committed = absl::FromUnixMicros(c.committed_unix_micros());
     const std::string when =
-        c.committed()
-            ? absl::FormatTime("%Y-%m-%d %H:%M:%S",
-                               absl::FromUnixMicros(c.committed_unix_micros()),
-                               absl::UTCTimeZone())
-            : "-";
-    std::printf("%-24s %-24s %-12s %6u %12s  %s%s\n", c.job().c_str(),
+        c.committed() ? absl::FormatTime("%Y-%m-%d %H:%M:%S", committed, absl::UTCTimeZone())
+                      : "-";
+    const std::string age = c.committed() ? Age(now - committed) : "-";
+    std::printf("%-24s %-24s %-12s %6u %12s %6s  %s%s\n", c.job().c_str(),
                 c.checkpoint().c_str(), c.committed() ? "committed" : "uncommitted",
-                c.world_size(), Bytes(c.total_bytes()).c_str(), when.c_str(),
+                c.world_size(), Bytes(c.total_bytes()).c_str(), age.c_str(), when.c_str(),
                 c.latest() ? "  (latest)" : "");
   }
-  return 0;
+  return kExitOk;
 }
 
 absl::StatusOr<int> Cancel(Daemon& daemon, const std::string& job,
@@ -199,7 +251,7 @@ absl::StatusOr<int> Verify(Daemon& daemon, const std::string& job,
   std::printf("%s/%s: %u files, %s verified, %d problem(s)\n", job.c_str(),
               response.checkpoint().c_str(), response.files(),
               Bytes(response.bytes_verified()).c_str(), response.damage_size());
-  return response.damage().empty() ? 0 : 1;
+  return response.damage().empty() ? kExitOk : kExitDamage;
 }
 
 std::string DTypeName(ckpt::v1::DType dtype) {
@@ -267,8 +319,9 @@ std::string RenderCheckpoint(const ckpt::v1::CommitRecord& record) {
   return out;
 }
 
-absl::StatusOr<int> Inspect(Daemon& daemon, const std::string& job,
-                            const std::string& checkpoint, bool json) {
+// The COMMIT record of a committed checkpoint ("" or "latest": the newest).
+absl::StatusOr<ckpt::v1::CommitRecord> FetchRecord(Daemon& daemon, const std::string& job,
+                                                   const std::string& checkpoint) {
   ckpt::v1::InspectRequest request;
   request.set_job(job);
   request.set_checkpoint(checkpoint);
@@ -287,21 +340,17 @@ absl::StatusOr<int> Inspect(Daemon& daemon, const std::string& job,
     }
     request.set_page_token(page.next_page_token());
   } while (!request.page_token().empty());
+  return std::move(*response.mutable_record());
+}
+
+absl::StatusOr<int> Inspect(Daemon& daemon, const std::string& job,
+                            const std::string& checkpoint, bool json) {
+  ASSIGN_OR_RETURN(const ckpt::v1::CommitRecord record, FetchRecord(daemon, job, checkpoint));
   if (!json) {
-    std::fputs(RenderCheckpoint(response.record()).c_str(), stdout);
+    std::fputs(RenderCheckpoint(record).c_str(), stdout);
     return 0;
   }
-  std::string text;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;    // as in manifest.proto
-  options.always_print_primitive_fields = true;  // rank 0 is a rank too
-  auto converted =
-      google::protobuf::util::MessageToJsonString(response.record(), &text, options);
-  if (!converted.ok()) {
-    return absl::InternalError(
-        absl::StrCat("inspect: to JSON: ", converted.message().as_string()));
-  }
+  ASSIGN_OR_RETURN(const std::string text, ToJson(record, /*pretty=*/true));
   std::fputs(text.c_str(), stdout);
   return 0;
 }
@@ -314,39 +363,141 @@ absl::StatusOr<int> Gc(Daemon& daemon, const std::string& job) {
       daemon.Call(&Ckptd::Stub::CollectGarbage, request, "gc", kNoDeadline));
   for (const auto& r : response.removed()) std::printf("removed %s\n", r.c_str());
   for (const auto& l : response.left()) std::printf("left %s\n", l.c_str());
-  std::printf("%d uncommitted checkpoint(s) removed\n", response.removed_size());
+  std::printf("%d checkpoint(s) removed\n", response.removed_size());
   return 0;
 }
 
-// Runs the command `args` names; kBadUsage if it names none.
-absl::StatusOr<int> RunCommand(Daemon& daemon, const std::vector<std::string>& args) {
-  const std::string& command = args[0];
-  if (command == "status" && args.size() <= 2 &&
-      (args.size() == 1 || args[1] == "--watch")) {
-    return Status(daemon, args.size() == 2);
-  }
-  if (command == "list" && args.size() <= 2) {
-    return List(daemon, args.size() == 2 ? args[1] : "");
-  }
-  if (command == "verify" && (args.size() == 2 || args.size() == 3)) {
-    return Verify(daemon, args[1], args.size() == 3 ? args[2] : "");
-  }
-  if (command == "inspect") {
-    const bool json = args.size() > 1 && args[1] == "--json";
-    const size_t first = json ? 2 : 1;
-    if (args.size() == first + 1 || args.size() == first + 2) {
-      return Inspect(daemon, args[first], args.size() == first + 2 ? args[first + 1] : "",
-                     json);
+// "5GB", "256MiB", "4096": a byte count with an optional SI or IEC unit.
+std::optional<uint64_t> ParseBytes(absl::string_view text) {
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"KB", 1000},
+      {"MB", 1000000},     {"GB", 1000000000},  {"B", 1}};
+  uint64_t unit = 1;
+  for (const auto& [suffix, size] : kUnits) {
+    if (absl::ConsumeSuffix(&text, suffix)) {
+      unit = size;
+      break;
     }
   }
-  if (command == "gc" && args.size() <= 2) {
-    return Gc(daemon, args.size() == 2 ? args[1] : "");
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n == 0 || n > UINT64_MAX / unit) return std::nullopt;
+  return n * unit;
+}
+
+// export JOB [CHECKPOINT] --format hf --out DIR [--prefix P]
+//        [--max_file_bytes N] [--buffer_bytes N]
+absl::StatusOr<int> Export(Daemon& daemon, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  std::string format;
+  ckpt::HfExportOptions options;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (a == "--format" && has_value) {
+      format = args[++i];
+    } else if (a == "--out" && has_value) {
+      options.out_dir = args[++i];
+    } else if (a == "--prefix" && has_value) {
+      options.prefix = args[++i];
+    } else if ((a == "--max_file_bytes" || a == "--buffer_bytes") && has_value) {
+      const std::optional<uint64_t> n = ParseBytes(args[++i]);
+      if (!n.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(a, " ", args[i], ": not a byte count (e.g. 5GB, 256MiB)"));
+      }
+      (a == "--max_file_bytes" ? options.max_file_bytes : options.buffer_bytes) = *n;
+    } else if (!absl::StartsWith(a, "--")) {
+      names.push_back(a);
+    } else {
+      return BadUsage("export");
+    }
   }
-  if (command == "cancel" && args.size() == 3) {
-    return Cancel(daemon, args[1], args[2]);
+  if (names.empty() || names.size() > 2 || options.out_dir.empty()) {
+    return BadUsage("export");
   }
-  std::fputs(kUsage, stderr);
-  return kBadUsage;
+  if (format != "hf") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export --format '", format, "': the one format is hf"));
+  }
+  const std::string& job = names[0];
+  ASSIGN_OR_RETURN(const ckpt::v1::CommitRecord record,
+                   FetchRecord(daemon, job, names.size() == 2 ? names[1] : ""));
+  ASSIGN_OR_RETURN(const ckpt::v1::DaemonStatusResponse status,
+                   daemon.Call(&Ckptd::Stub::DaemonStatus, ckpt::v1::DaemonStatusRequest(),
+                               "DaemonStatus", kQueryDeadline));
+  // One rank of its own, alone on this node: its loads start at once.
+  ASSIGN_OR_RETURN(std::unique_ptr<ckpt::Client> client,
+                   ckpt::Client::Connect({.socket = daemon.socket(),
+                                          .job = job,
+                                          .rank = 0,
+                                          .world_size = 1,
+                                          .node = status.node_id(),
+                                          .local_world_size = 1}));
+  ASSIGN_OR_RETURN(const ckpt::HfExportResult result,
+                   ckpt::ExportHuggingFace(*client, record, options));
+  std::printf("exported %u tensors (%s) of %s/%s into %s: %u file(s) and "
+              "model.safetensors.index.json\n",
+              result.tensors, Bytes(static_cast<double>(result.bytes)).c_str(), job.c_str(),
+              record.index().checkpoint().c_str(), options.out_dir.c_str(), result.files);
+  return 0;
+}
+
+// A command's words: the flags it takes that were given, its positional
+// arguments, and whether anything else starting with "--" was.
+struct Words {
+  std::set<std::string> flags;
+  std::vector<std::string> names;
+  bool unknown_flag = false;
+};
+
+Words Split(const std::vector<std::string>& args, const std::set<std::string>& takes) {
+  Words w;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (takes.contains(args[i])) {
+      w.flags.insert(args[i]);
+    } else if (absl::StartsWith(args[i], "--")) {
+      w.unknown_flag = true;
+    } else {
+      w.names.push_back(args[i]);
+    }
+  }
+  return w;
+}
+
+// Runs the command `args` names: its manual for --help, kExitUsage (and
+// the manual on stderr) for words it does not take.
+absl::StatusOr<int> RunCommand(Daemon& daemon, const std::vector<std::string>& args) {
+  const std::string& command = args[0];
+  if (command == "help") {
+    const std::string page = args.size() == 2 ? ckpt::ctl::CommandPage(args[1]) : "";
+    if (page.empty()) return BadUsage("");
+    std::fputs(page.c_str(), stdout);
+    return kExitOk;
+  }
+  const std::string page = ckpt::ctl::CommandPage(command);
+  if (page.empty()) return BadUsage("");
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
+      std::fputs(page.c_str(), stdout);
+      return kExitOk;
+    }
+  }
+  if (command == "export") return Export(daemon, args);
+  const Words w = Split(args, {"--json", "--watch"});
+  const size_t n = w.names.size();
+  const bool json = w.flags.contains("--json");
+  const bool watch = w.flags.contains("--watch");
+  const auto arg = [&](size_t i) { return i < n ? w.names[i] : std::string(); };
+  if (w.unknown_flag) return BadUsage(command);
+  if (command == "status" && n == 0) return Status(daemon, watch, json);
+  if (watch) return BadUsage(command);  // status alone takes --watch
+  if (command == "list" && n <= 1) return List(daemon, arg(0), json);
+  if (command == "inspect" && n >= 1 && n <= 2) return Inspect(daemon, arg(0), arg(1), json);
+  if (json) return BadUsage(command);  // status, list and inspect take --json
+  if (command == "verify" && n >= 1 && n <= 2) return Verify(daemon, arg(0), arg(1));
+  if (command == "gc" && n <= 1) return Gc(daemon, arg(0));
+  if (command == "cancel" && n == 2) return Cancel(daemon, arg(0), arg(1));
+  return BadUsage(command);
 }
 
 }  // namespace
@@ -360,23 +511,24 @@ int main(int argc, char** argv) {
       socket = argv[++i];
     } else if (absl::StartsWith(a, "--socket=")) {
       socket = a.substr(9);
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
     } else {
       args.push_back(a);
     }
   }
-  if (args.empty()) {
-    std::fputs(kUsage, stderr);
-    return kBadUsage;
+  if (args.empty()) return BadUsage("");
+  if (args[0] == "-h" || args[0] == "--help") {
+    std::fputs(ckpt::ctl::Summary().c_str(), stdout);
+    return kExitOk;
   }
   Daemon daemon(socket);
   const absl::StatusOr<int> exit_status = RunCommand(daemon, args);
   if (!exit_status.ok()) {
-    std::fprintf(stderr, "ckptctl: %s\n",
-                 std::string(exit_status.status().message()).c_str());
-    return 1;
+    const bool unreachable = exit_status.status().code() == absl::StatusCode::kUnavailable;
+    std::fprintf(stderr, "ckptctl: %s%s\n",
+                 std::string(exit_status.status().message()).c_str(),
+                 unreachable ? absl::StrCat(" (is ckptd running? socket ", socket, ")").c_str()
+                             : "");
+    return unreachable ? kExitUnreachable : kExitError;
   }
   return *exit_status;
 }

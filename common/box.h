@@ -36,6 +36,11 @@ uint64_t BoxElements(const Box& box);
 // not overlap).
 uint64_t OverlapElements(const Box& a, const Box& b);
 
+// How many runs IntersectBoxes(src, dst, ·) returns, without making them:
+// a load plans one per row of a narrow slice of a wide tensor, so a caller
+// bounding its memory counts first. Saturates at UINT64_MAX.
+uint64_t CountCopyRuns(const Box& src, const Box& dst);
+
 // The runs that copy the overlap of `src` and `dst` (same rank), in
 // row-major order of the overlap; empty if they do not overlap.
 std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,

@@ -43,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/daemon_metrics.h"
 #include "common/socket_access.h"
 #include "common/unique_fd.h"
 
@@ -110,6 +111,10 @@ class ConnectionListener {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<int, Connection> by_fd_ ABSL_GUARDED_BY(mu_);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  // Read at each metrics render; last, so unbound before what it reads goes.
+  GaugeBinding connections_gauge_ = DaemonMetrics::Get().connections.Bind(
+      [this] { return static_cast<double>(open_connections()); });
 };
 
 }  // namespace ckpt

@@ -1,5 +1,7 @@
 // DaemonOptions: every tunable of ckptd in one place, with its default.
-// Flags of the same name (see main.cc) override the defaults.
+// The config file's keys (proto/ckpt/v1/config.proto, daemon/config_file.h)
+// override the defaults, and flags of the same name (see main.cc) given on
+// the command line override the file.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,13 @@ struct DaemonOptions {
   // item; the defaults and their reasons are LayoutLimits'.
   uint64_t layout_bytes_per_session = 256ull << 20;
   uint64_t layout_bytes_total = 1ull << 30;
+  // Memory the plans of loads in flight may hold, over the daemon: 32 bytes
+  // per copy run, and a slice narrower than the stored rows is a run per
+  // row (restore/load_plan_budget.h). A load past it fails
+  // RESOURCE_EXHAUSTED. 1 GiB is 32M runs: loading every matrix of a 70B
+  // model (stored in row shards) into column shards takes ~6.7M runs per
+  // rank, so a node of 4 ranks doing that in one round fits; 8 need ~1.7 GiB.
+  uint64_t load_plan_bytes = 1ull << 30;
   // Open gRPC connections; more are closed at once (each costs a descriptor).
   uint32_t max_connections = 4096;
   // Who may connect besides root and the daemon's own user: members of this
@@ -87,6 +96,21 @@ struct DaemonOptions {
   // How long a save's GPU copies may take, waiting for the trainer's ready
   // event included, before the save fails (a trainer that died mid-copy).
   uint64_t gpu_copy_timeout_ms = 300'000;
+  // On SIGTERM or SIGINT, how long saves in flight may go on to COMMITTED
+  // before the ones left are cancelled (daemon/save_drain.h). The systemd
+  // unit's TimeoutStopSec must stay above it.
+  uint64_t drain_timeout_ms = 60'000;
+  // Least severe log lines written: debug, info, warning or error.
+  std::string log_level = "info";
+  // Prometheus metrics for node_exporter's textfile collector: this file
+  // (an absolute path in an existing directory, e.g.
+  // /var/lib/prometheus/node-exporter/ckptd.prom) is replaced atomically
+  // every metrics_interval_ms and once more at stop (daemon/metrics_writer.h).
+  // Empty (the default): no metrics file. Off by default because the
+  // directory is node_exporter's and may not exist on a node without it,
+  // and a hardened unit must list it in ReadWritePaths.
+  std::string metrics_file;
+  uint64_t metrics_interval_ms = 5000;
 };
 
 }  // namespace ckpt

@@ -1,8 +1,10 @@
-// ckptd: the checkpoint daemon. main only parses flags and starts the
-// server (daemon/server.h does the wiring).
+// ckptd: the checkpoint daemon. main only parses flags (over the config
+// file, daemon/config_file.h) and starts the server (daemon/server.h does
+// the wiring).
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -10,7 +12,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
+#include "common/status.h"
+#include "daemon/config_file.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
 
@@ -53,6 +58,9 @@ ABSL_FLAG(uint64_t, layout_bytes_per_session, kDefaults.layout_bytes_per_session
           "memory the layouts of one session may hold (DefineLayout)");
 ABSL_FLAG(uint64_t, layout_bytes_total, kDefaults.layout_bytes_total,
           "memory the layouts of all sessions together may hold");
+ABSL_FLAG(uint64_t, load_plan_bytes, kDefaults.load_plan_bytes,
+          "memory the plans of loads in flight may hold (32 bytes per copy "
+          "run; a slice narrower than the stored rows is a run per row)");
 ABSL_FLAG(std::string, socket_group, kDefaults.socket_group,
           "group (name or number) whose members may use the sockets besides "
           "root and the daemon's user; empty: nobody else");
@@ -72,7 +80,23 @@ ABSL_FLAG(std::string, gpu, kDefaults.gpu,
           "GPU device: auto (CUDA if built with it), cuda, simulated or off");
 ABSL_FLAG(uint64_t, gpu_copy_timeout_ms, kDefaults.gpu_copy_timeout_ms,
           "longest wait for a save's GPU copies before the save fails");
-ABSL_FLAG(bool, verbose, false, "log debug messages");
+ABSL_FLAG(uint32_t, max_items_per_save, kDefaults.max_items_per_save,
+          "items (tensors and byte items) one save request may name");
+ABSL_FLAG(uint64_t, drain_timeout_ms, kDefaults.drain_timeout_ms,
+          "on SIGTERM, how long saves in flight may go on to COMMITTED before "
+          "the rest are cancelled; keep the unit's TimeoutStopSec above it");
+ABSL_FLAG(std::string, log_level, kDefaults.log_level,
+          "least severe log lines written: debug, info, warning or error");
+ABSL_FLAG(std::string, metrics_file, kDefaults.metrics_file,
+          "Prometheus metrics file for node_exporter's textfile collector "
+          "(an absolute *.prom path in an existing directory), replaced "
+          "atomically every --metrics_interval_ms; empty: off");
+ABSL_FLAG(uint64_t, metrics_interval_ms, kDefaults.metrics_interval_ms,
+          "how often --metrics_file is rewritten");
+ABSL_FLAG(bool, verbose, false, "log debug messages (--log_level debug)");
+ABSL_FLAG(std::string, config, "",
+          "config file (protobuf text format, see deploy/ckptd.conf); flags "
+          "given on the command line override its keys; SIGHUP re-reads it");
 
 namespace {
 
@@ -90,6 +114,87 @@ void AcceptDashedFlagNames(int argc, char** argv) {
   }
 }
 
+// The names of the flags the command line gives (argv before parsing, with
+// dashes already underscores). abseil 20220623 keeps
+// CommandLineFlag::IsSpecifiedOnCommandLine private, so argv is read
+// directly: "--name", "--name=value", "-name", and "--noname" for a bool.
+// Flags read from a --flagfile are not seen here: they do not override the
+// config file.
+std::set<std::string>& FlagsOnCommandLine() {
+  static auto* names = new std::set<std::string>();
+  return *names;
+}
+
+void FindFlagsOnCommandLine(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") return;
+    if (!absl::ConsumePrefix(&arg, "-")) continue;
+    absl::ConsumePrefix(&arg, "-");
+    const absl::string_view name = arg.substr(0, arg.find('='));
+    FlagsOnCommandLine().insert(std::string(name));
+    if (absl::StartsWith(name, "no")) FlagsOnCommandLine().insert(std::string(name.substr(2)));
+  }
+}
+
+bool GivenOnCommandLine(absl::string_view name) {
+  return FlagsOnCommandLine().count(std::string(name)) > 0;
+}
+
+// The config keys whose flags the command line gives: they win over the
+// config file, at start and at every reload.
+std::set<std::string> ConfigKeysOnCommandLine() {
+  std::set<std::string> keys;
+  const google::protobuf::Descriptor* config = ckpt::v1::Config::descriptor();
+  for (int i = 0; i < config->field_count(); ++i) {
+    const std::string& key = config->field(i)->name();
+    if (GivenOnCommandLine(key)) keys.insert(key);
+  }
+  if (absl::GetFlag(FLAGS_verbose)) keys.insert("log_level");
+  return keys;
+}
+
+// Sets the options whose flags the command line gives; the others keep
+// the config file's value or the default (the flags' defaults are
+// DaemonOptions').
+void ApplyCommandLine(ckpt::DaemonOptions* options) {
+#define CKPT_FROM_FLAG(name) \
+  if (GivenOnCommandLine(#name)) options->name = absl::GetFlag(FLAGS_##name);
+  CKPT_FROM_FLAG(socket) CKPT_FROM_FLAG(root) CKPT_FROM_FLAG(pool_bytes)
+  CKPT_FROM_FLAG(buffer_bytes) CKPT_FROM_FLAG(io_workers) CKPT_FROM_FLAG(queue_depth)
+  CKPT_FROM_FLAG(checksum_block_bytes) CKPT_FROM_FLAG(max_request_bytes)
+  CKPT_FROM_FLAG(max_items_per_save) CKPT_FROM_FLAG(write_rate_limit)
+  CKPT_FROM_FLAG(node_id) CKPT_FROM_FLAG(nodes) CKPT_FROM_FLAG(commit_timeout_ms)
+  CKPT_FROM_FLAG(local_ranks_timeout_ms) CKPT_FROM_FLAG(load_batch_ms)
+  CKPT_FROM_FLAG(max_connections) CKPT_FROM_FLAG(max_sessions)
+  CKPT_FROM_FLAG(layout_bytes_per_session) CKPT_FROM_FLAG(layout_bytes_total)
+  CKPT_FROM_FLAG(load_plan_bytes) CKPT_FROM_FLAG(socket_group)
+  CKPT_FROM_FLAG(operator_group) CKPT_FROM_FLAG(keep_last)
+  CKPT_FROM_FLAG(keep_in_memory_bytes) CKPT_FROM_FLAG(gpu)
+  CKPT_FROM_FLAG(gpu_copy_timeout_ms) CKPT_FROM_FLAG(drain_timeout_ms)
+  CKPT_FROM_FLAG(log_level)
+  CKPT_FROM_FLAG(metrics_file) CKPT_FROM_FLAG(metrics_interval_ms)
+#undef CKPT_FROM_FLAG
+  // --verbose is --log_level debug, unless --log_level is given too.
+  if (absl::GetFlag(FLAGS_verbose) && !GivenOnCommandLine("log_level")) {
+    options->log_level = "debug";
+  }
+}
+
+// The options as the config file (if any) and the command line give them
+// now, validated: at start, and again at each SIGHUP.
+absl::StatusOr<ckpt::DaemonOptions> ReadOptions(const std::string& config) {
+  ckpt::DaemonOptions options;
+  ckpt::OptionOrigins origins;
+  if (!config.empty()) {
+    ASSIGN_OR_RETURN(ckpt::ConfigFile file, ckpt::ReadConfigFile(config));
+    ckpt::ApplyConfig(file, ConfigKeysOnCommandLine(), &options, &origins);
+  }
+  ApplyCommandLine(&options);
+  RETURN_IF_ERROR(ckpt::ValidateOptions(options, origins));
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,43 +208,29 @@ int main(int argc, char** argv) {
   };
   absl::SetFlagsUsageConfig(usage);
   AcceptDashedFlagNames(argc, argv);
+  FindFlagsOnCommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  ckpt::DaemonOptions options;
-  options.socket = absl::GetFlag(FLAGS_socket);
-  options.root = absl::GetFlag(FLAGS_root);
-  options.pool_bytes = absl::GetFlag(FLAGS_pool_bytes);
-  options.buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
-  options.io_workers = absl::GetFlag(FLAGS_io_workers);
-  options.queue_depth = absl::GetFlag(FLAGS_queue_depth);
-  options.checksum_block_bytes = absl::GetFlag(FLAGS_checksum_block_bytes);
-  options.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
-  options.write_rate_limit = absl::GetFlag(FLAGS_write_rate_limit);
-  options.node_id = absl::GetFlag(FLAGS_node_id);
-  options.nodes = absl::GetFlag(FLAGS_nodes);
-  options.commit_timeout_ms = absl::GetFlag(FLAGS_commit_timeout_ms);
-  options.local_ranks_timeout_ms = absl::GetFlag(FLAGS_local_ranks_timeout_ms);
-  options.load_batch_ms = absl::GetFlag(FLAGS_load_batch_ms);
-  options.max_connections = absl::GetFlag(FLAGS_max_connections);
-  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  options.layout_bytes_per_session = absl::GetFlag(FLAGS_layout_bytes_per_session);
-  options.layout_bytes_total = absl::GetFlag(FLAGS_layout_bytes_total);
-  options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  options.operator_group = absl::GetFlag(FLAGS_operator_group);
-  options.keep_last = absl::GetFlag(FLAGS_keep_last);
-  options.keep_in_memory_bytes = absl::GetFlag(FLAGS_keep_in_memory_bytes);
-  options.gpu = absl::GetFlag(FLAGS_gpu);
-  options.gpu_copy_timeout_ms = absl::GetFlag(FLAGS_gpu_copy_timeout_ms);
-  if (absl::GetFlag(FLAGS_verbose)) ckpt::SetLogLevel(ckpt::LogLevel::kDebug);
+  const std::string config = absl::GetFlag(FLAGS_config);
+  absl::StatusOr<ckpt::DaemonOptions> options = ReadOptions(config);
+  if (!options.ok()) {
+    ckpt::LogError("ckptd: ", options.status().message());
+    return 1;
+  }
+  ckpt::OptionsReader reread;
+  if (!config.empty()) reread = [config] { return ReadOptions(config); };
 
-  // SIGTERM/SIGINT are taken synchronously by RunServer.
+  // SIGTERM/SIGINT (stop) and SIGHUP (reload) are taken synchronously by
+  // RunServer: blocked here, before any thread starts, so that every
+  // thread inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  absl::Status status = ckpt::RunServer(options, signals);
+  absl::Status status = ckpt::RunServer(*options, signals, reread);
   if (!status.ok()) {
     ckpt::LogError("ckptd: ", status.ToString());
     return 1;

@@ -1,22 +1,33 @@
 #include "daemon/server.h"
 
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/control_socket.h"
+#include "common/daemon_metrics.h"
 #include "common/instance_lock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/socket_access.h"
 #include "daemon/access_policy.h"
+#include "daemon/config_file.h"
 #include "daemon/connection_listener.h"
+#include "daemon/live_reload.h"
+#include "daemon/metrics_writer.h"
 #include "daemon/open_files_limit.h"
+#include "daemon/save_drain.h"
 #include "daemon/service.h"
+#include "daemon/service_notifier.h"
 #include "grpcpp/grpcpp.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
@@ -66,49 +77,96 @@ absl::StatusOr<std::optional<gid_t>> GroupOption(const std::string& value,
   return std::optional<gid_t>(*gid);
 }
 
+// How often the service status (sd_notify STATUS=) is refreshed.
+constexpr absl::Duration kStatusInterval = absl::Seconds(3);
+// How long the gRPC server waits for calls in flight once the drain is
+// over, before it cancels them.
+constexpr absl::Duration kShutdownGrace = absl::Seconds(10);
+
+// SIGHUP: re-reads the options and applies what changes live. A file that
+// does not read, parse or validate changes nothing.
+void Reload(const OptionsReader& reread, LiveReload& reload) {
+  if (!reread) {
+    LogInfo("reload: SIGHUP ignored, ckptd was started without --config");
+    return;
+  }
+  absl::StatusOr<DaemonOptions> next = reread();
+  if (!next.ok()) {
+    LogError("reload: nothing changed: ", next.status().message());
+    return;
+  }
+  reload.Apply(*next);
+}
+
 }  // namespace
 
-absl::Status ValidateOptions(const DaemonOptions& o) {
-  if (o.root.empty()) return absl::InvalidArgumentError("--root is empty");
-  if (o.socket.empty()) return absl::InvalidArgumentError("--socket is empty");
+absl::Status ValidateOptions(const DaemonOptions& o, const OptionOrigins& origins) {
+  // Each message names the setting as the operator wrote it: the config
+  // file's key and line, or the flag.
+  auto name = [&](absl::string_view key) { return origins.Name(key); };
+  if (o.root.empty()) return absl::InvalidArgumentError(absl::StrCat(name("root"), " is empty"));
+  if (o.socket.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(name("socket"), " is empty"));
+  }
   if (o.io_workers == 0 || o.queue_depth == 0) {
-    return absl::InvalidArgumentError("--io_workers and --queue_depth must be > 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(o.io_workers == 0 ? "io_workers" : "queue_depth"), " must be > 0"));
   }
   if (o.nodes == 0 || o.node_id >= o.nodes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--node_id ", o.node_id, " is not inside --nodes ", o.nodes));
+        name("node_id"), " ", o.node_id, " is not inside ", name("nodes"), " ", o.nodes));
   }
   if (o.checksum_block_bytes == 0) {
-    return absl::InvalidArgumentError("--checksum_block_bytes must be > 0");
+    return absl::InvalidArgumentError(
+        absl::StrCat(name("checksum_block_bytes"), " must be > 0"));
   }
   // A restore verifies each block whole in one staging buffer before it
   // delivers a byte of it (restore/shard_reader.h): refuse to save blocks
   // this daemon could not restore.
   if (o.checksum_block_bytes > MaxChecksumBlockBytes(o.buffer_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--checksum_block_bytes ", o.checksum_block_bytes, " is above ",
-        MaxChecksumBlockBytes(o.buffer_bytes), ", the largest block --buffer_bytes ",
-        o.buffer_bytes, " can verify before delivering it (a buffer less 4096)"));
+        name("checksum_block_bytes"), " ", o.checksum_block_bytes, " is above ",
+        MaxChecksumBlockBytes(o.buffer_bytes), ", the largest block ",
+        name("buffer_bytes"), " ", o.buffer_bytes,
+        " can verify before delivering it (a buffer less 4096)"));
   }
   // 0 would fail every save of several local ranks at the first check.
   if (o.local_ranks_timeout_ms == 0) {
-    return absl::InvalidArgumentError("--local_ranks_timeout_ms must be > 0");
+    return absl::InvalidArgumentError(
+        absl::StrCat(name("local_ranks_timeout_ms"), " must be > 0"));
   }
   // Clients send and receive at most kMaxControlMessageBytes: a larger limit
   // here would let the daemon send responses every client refuses.
   if (o.max_request_bytes > static_cast<uint32_t>(kMaxControlMessageBytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max_request_bytes ", o.max_request_bytes, " is above ",
+        name("max_request_bytes"), " ", o.max_request_bytes, " is above ",
         kMaxControlMessageBytes, ", the largest message clients send and receive"));
   }
   if (o.max_sessions == 0 || o.max_connections == 0) {
-    return absl::InvalidArgumentError("--max_sessions and --max_connections must be > 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(o.max_sessions == 0 ? "max_sessions" : "max_connections"), " must be > 0"));
+  }
+  for (const auto& [key, group] : {std::pair<absl::string_view, const std::string&>(
+                                       "socket_group", o.socket_group),
+                                   {"operator_group", o.operator_group}}) {
+    if (group.empty()) continue;
+    if (absl::StatusOr<gid_t> gid = ResolveGroup(group); !gid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(key), ": ", gid.status().message()));
+    }
+  }
+  if (absl::StatusOr<LogLevel> level = ParseLogLevel(o.log_level); !level.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name("log_level"), ": ", level.status().message()));
   }
   return absl::OkStatus();
 }
 
-absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signals) {
+absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
+                       const OptionsReader& reread) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(const LogLevel log_level, ParseLogLevel(options.log_level));
+  SetLogLevel(log_level);
   // Before any descriptor is opened: a limit the bounds cannot fit in
   // refuses the start (daemon/open_files_limit.h).
   RETURN_IF_ERROR(RaiseOpenFilesLimit(options).status());
@@ -161,7 +219,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
                                                  workers.get(), &leases, &tier);
   auto loader = std::make_unique<Loader>(
       std::chrono::milliseconds(options.load_batch_ms), &store, pool.get(), workers.get(),
-                                         &leases, &tier);
+      &leases, &tier, options.load_plan_bytes);
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(
@@ -180,7 +238,13 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
                                             options.max_connections));
   CkptdService service({&options, sessions.get(), saves.get(), loader.get(), &store,
                         pool.get(), workers.get(), &tier, workers->backend(),
-                        gpu->name(), &leases, connections.get(), &policy});
+                        gpu->name(), &leases, connections.get(), &policy, &recovery});
+  // Prometheus metrics for node_exporter (daemon/metrics_writer.h); none
+  // without --metrics_file.
+  DaemonMetrics::Get().MarkStarted(CKPT_VERSION);
+  ASSIGN_OR_RETURN(std::unique_ptr<MetricsWriter> metrics,
+                   MetricsWriter::Start(options.metrics_file, options.metrics_interval_ms,
+                                        &DaemonMetrics::Get().registry()));
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_request_bytes));
@@ -193,11 +257,52 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
           " pool ", pool->pool_bytes(), " bytes, io backend ",
           workers->backend(), ", gpu ", gpu->name());
 
+  ServiceNotifier notifier;
+  notifier.Ready();
+  auto status_line = [&] {
+    return ServiceStatusLine(saves->InFlight().size(),
+                             pool->pool_bytes() - pool->free_bytes(), pool->pool_bytes());
+  };
+  notifier.Status(status_line());
+  LiveReload reload(options, saves.get(), &tier);
+
+  // Serve until a stop signal, reloading on SIGHUP and refreshing the
+  // service status between signals.
   int signal = 0;
-  sigwait(&stop_signals, &signal);
+  while (signal != SIGTERM && signal != SIGINT) {
+    const timespec interval = absl::ToTimespec(kStatusInterval);
+    signal = sigtimedwait(&signals, nullptr, &interval);
+    if (signal < 0) {
+      if (errno != EAGAIN && errno != EINTR) {
+        return ErrnoToStatus(errno, "waiting for signals (sigtimedwait)");
+      }
+      notifier.Status(status_line());
+    } else if (signal == SIGHUP) {
+      Reload(reread, reload);
+      notifier.Status(status_line());
+    }
+  }
   LogInfo("ckptd stopping on signal ", signal);
+  notifier.Stopping();
+
+  // Saves in flight may finish, up to the drain deadline; the rest are
+  // cancelled (daemon/save_drain.h). Everything below still serves them
+  // meanwhile; afterwards no save is left that could wait on anything.
+  absl::Time last_status = absl::Now();
+  DrainSaves(*saves, absl::Milliseconds(options.drain_timeout_ms), signals, [&] {
+    if (absl::Now() - last_status < kStatusInterval) return;
+    last_status = absl::Now();
+    notifier.Status(absl::StrCat("stopping: ", status_line()));
+  });
+  notifier.Status("stopping: shutting down");
+
   connections->Stop();  // no connection is added to a server shutting down
-  server->Shutdown();  // waits for in-flight RPCs, loads included
+  // Waits for in-flight RPCs, loads included; the progress streams end as
+  // every save has reached a final phase. Past the deadline (an attempt
+  // left to its worker that waits for other nodes, CancelAll says which)
+  // gRPC cancels the calls left.
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(kShutdownGrace));
   sessions.reset();
   loader.reset();     // no round is pending once every Load has finished
   // Finishes the queued tasks (parts, the file removals of failed saves they
@@ -207,6 +312,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& stop_signal
   saves->StopWatching();
   workers.reset();
   saves.reset();
+  metrics.reset();  // its final write: every save has ended by now
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/daemon_metrics.h"
 #include "common/names.h"
 #include "common/save_phase.h"
 #include "common/status.h"
@@ -79,6 +80,29 @@ class VisibleJobs {
   const bool all_;
   absl::flat_hash_map<std::string, bool> shows_;
 };
+
+// The job a startup recovery line names: its text up to the first '/' or
+// ':' ("job/step-2/COMMIT.tmp...", "job: step-1 -> step-2").
+std::string JobOfRecoveryLine(absl::string_view line) {
+  return std::string(line.substr(0, line.find_first_of("/:")));
+}
+
+// `recovery`'s lines of the jobs `visible` shows.
+void ReportRecovery(const StartupRecovery& recovery, VisibleJobs& visible,
+                    v1::StartupRecoveryReport* report) {
+  auto add = [&](const std::vector<std::string>& lines,
+                 google::protobuf::RepeatedPtrField<std::string>* into) {
+    for (const std::string& line : lines) {
+      if (visible.Shows(JobOfRecoveryLine(line))) *into->Add() = line;
+    }
+  };
+  add(recovery.temporaries_removed, report->mutable_temporaries_removed());
+  add(recovery.checkpoints_removed, report->mutable_checkpoints_removed());
+  add(recovery.parts_removed, report->mutable_parts_removed());
+  add(recovery.latest_repaired, report->mutable_latest_repaired());
+  add(recovery.left, report->mutable_left());
+  add(recovery.errors, report->mutable_errors());
+}
 
 // OK if `session` may save into or load from `job` (its owner's, or root's).
 absl::Status MayUseJob(const CheckpointStore& store, const Session& session,
@@ -208,6 +232,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SaveProgress> {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
+  // Every call that ends in an error passes here once: the errors by kind.
+  DaemonMetrics::Get().CountError(status);
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
 }
@@ -226,6 +252,11 @@ absl::Status CkptdService::MayOperate(const Caller& caller, absl::string_view wh
 grpc::ServerUnaryReactor* CkptdService::OpenSession(
     grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request,
     v1::OpenSessionResponse* response) {
+  // A drain (daemon/save_drain.h) takes no new trainer: it could only
+  // start saves that the stop cancels.
+  if (!c_.saves->accepting()) {
+    return Finish(context, absl::UnavailableError("ckptd is stopping"));
+  }
   return WithSession(
       c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
@@ -290,6 +321,7 @@ grpc::ServerUnaryReactor* CkptdService::DefineLayout(
 grpc::ServerUnaryReactor* CkptdService::Save(
     grpc::CallbackServerContext* context, const v1::SaveRequest* request,
     v1::SaveResponse* response) {
+  const ScopedLatency handling(DaemonMetrics::Get().save_call_seconds);
   return WithSession(c_, context, *request,
                      [&](const std::shared_ptr<Session>& session) {
                        absl::Status allowed =
@@ -451,6 +483,9 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_memory_tier_bytes(c_.tier->used_bytes());
   response->set_gpu(c_.gpu);
   response->set_gpu_regions(static_cast<uint32_t>(c_.sessions->gpu_regions()));
+  if (c_.recovery != nullptr) {
+    ReportRecovery(*c_.recovery, visible, response->mutable_startup_recovery());
+  }
   return Finish(context, absl::OkStatus());
 }
 

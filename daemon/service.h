@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "ckpt/v1/control.grpc.pb.h"
 #include "daemon/access_policy.h"
+#include "storage/startup_recovery.h"
 #include "daemon/connection_listener.h"
 #include "daemon/daemon_options.h"
 #include "io/io_workers.h"
@@ -60,6 +61,8 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     // Who is calling (each call's connection) and what they may do.
     ConnectionListener* connections = nullptr;
     const AccessPolicy* policy = nullptr;
+    // What startup recovery did, for DaemonStatus (ckptctl status).
+    const StartupRecovery* recovery = nullptr;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
 

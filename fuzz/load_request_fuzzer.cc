@@ -45,6 +45,14 @@ void CheckDeliveries(Session& session, const v1::Manifest& index,
   }
 }
 
+// The daemon's bound on plans, smaller: a hostile slice of a huge tensor
+// is refused before its runs are made, so an input cannot exhaust the
+// fuzzer's memory either.
+LoadPlanBudget& PlanBudget() {
+  static const std::shared_ptr<LoadPlanBudget> budget = LoadPlanBudget::Create(64ull << 20);
+  return *budget;
+}
+
 // Plans each tensor item alone: its deliveries must tile its memory.
 void CheckEachItemFilledOnce(Session& session, const v1::LoadRequest& request,
                              const v1::Manifest& index,
@@ -55,8 +63,9 @@ void CheckEachItemFilledOnce(Session& session, const v1::LoadRequest& request,
     one.set_allow_missing(request.allow_missing());
     Deliveries deliveries;
     v1::LoadResponse response;
+    LoadPlanBudget::Reservation plan = PlanBudget().Open();
     const absl::Status planned =
-        PlanLoadRequest(session, one, index, by_fqn, &deliveries, &response);
+        PlanLoadRequest(session, one, index, by_fqn, &plan, &deliveries, &response);
     FUZZ_CHECK(planned.ok(), planned.ToString());  // it passed with the others
     if (response.missing_size() > 0) {
       FUZZ_CHECK(deliveries.empty(), item.fqn());
@@ -91,10 +100,14 @@ void Load(uint8_t shape, const v1::LoadRequest& request, const v1::Manifest& ind
   for (int t = 0; t < index.tensors_size(); ++t) by_fqn[index.tensors(t).fqn()].push_back(t);
   Deliveries deliveries;
   v1::LoadResponse response;
-  if (!PlanLoadRequest(*session, request, index, by_fqn, &deliveries, &response).ok()) {
+  LoadPlanBudget::Reservation plan = PlanBudget().Open();
+  if (!PlanLoadRequest(*session, request, index, by_fqn, &plan, &deliveries, &response)
+           .ok()) {
     return;
   }
   CheckDeliveries(*session, index, deliveries);
+  // Each item alone must plan within the budget the whole request did.
+  plan = LoadPlanBudget::Reservation();
   CheckEachItemFilledOnce(*session, request, index, by_fqn);
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -109,6 +110,7 @@ absl::Status IoPipeline::SubmitHeld() {
   }
   held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(submitted));
   in_flight_ += static_cast<uint32_t>(submitted);
+  DaemonMetrics::Get().io_queue_depth.Add(static_cast<double>(submitted));
   return status;
 }
 
@@ -127,6 +129,7 @@ absl::Status IoPipeline::Drain(uint32_t min_completions,
       continue;
     }
     --in_flight_;
+    DaemonMetrics::Get().io_queue_depth.Add(-1);
     Transfer& t = it->second;
     const int32_t res = c.result;
     absl::Status status;
@@ -190,6 +193,7 @@ absl::Status IoPipeline::Abort() {
         continue;
       }
       --in_flight_;
+      DaemonMetrics::Get().io_queue_depth.Add(-1);
     }
     if (reaped.ok()) {
       failures = 0;
@@ -207,6 +211,8 @@ absl::Status IoPipeline::Abort() {
     }
   }
   transfers_.clear();
+  // Withheld transfers leave the gauge with the pipeline that forgets them.
+  DaemonMetrics::Get().io_queue_depth.Add(-static_cast<double>(in_flight_));
   in_flight_ = 0;
   return status;
 }

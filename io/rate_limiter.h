@@ -1,15 +1,25 @@
 // RateLimiter: a token bucket shared by the I/O workers that caps the
 // daemon's storage write rate (DaemonOptions::write_rate_limit).
 //
-// Thread-safety: Acquire may be called from any thread.
+// Each write waits until the bucket's next free moment, then takes its
+// bytes' share of time: at `rate` bytes/s, N bytes move the next free
+// moment N/rate seconds past now. The rate changes live (SIGHUP): SetRate
+// wakes the writers waiting for the old rate's moment, and they wait again
+// at the new rate (or not at all, at 0), so lifting a cap lets a throttled
+// save go on at once instead of after its old turn. A waiting writer also
+// gives up its turn once its save is cancelled, so a cancel (a drain's
+// deadline above all) does not wait out a slow queue.
+//
+// Thread-safety: all methods may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace ckpt {
 
@@ -19,25 +29,49 @@ class RateLimiter {
   explicit RateLimiter(uint64_t bytes_per_second)
       : rate_(bytes_per_second), next_(Clock::now()) {}
 
-  // Blocks until `bytes` may be written.
-  void Acquire(uint64_t bytes) {
-    if (rate_ == 0) return;
-    Clock::time_point start;
-    {
-      absl::MutexLock lock(&mu_);
-      const auto now = Clock::now();
-      if (next_ < now) next_ = now;
-      start = next_;
-      next_ += std::chrono::nanoseconds(bytes * 1'000'000'000ull / rate_);
+  // Blocks until `bytes` may be written, or until `*cancelled` (if given)
+  // is true, which is noticed within kCancelPoll.
+  void Acquire(uint64_t bytes, const std::atomic<bool>* cancelled = nullptr) {
+    absl::MutexLock lock(&mu_);
+    while (rate_ != 0) {
+      if (cancelled != nullptr && cancelled->load()) return;
+      const Clock::time_point now = Clock::now();
+      if (next_ <= now) {
+        next_ = now + std::chrono::nanoseconds(bytes * 1'000'000'000ull / rate_);
+        return;
+      }
+      // Woken early by SetRate (the condition), else by the timeout: the
+      // turn has come, or it is time to look at `cancelled` again.
+      const uint64_t generation = generation_;
+      const auto wait = std::min<Clock::duration>(next_ - now, kCancelPoll);
+      auto rate_changed = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return generation_ != generation;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&rate_changed), absl::FromChrono(wait));
     }
-    std::this_thread::sleep_until(start);
+  }
+
+  // The cap from now on; writers waiting for their turn are rescheduled.
+  void SetRate(uint64_t bytes_per_second) {
+    absl::MutexLock lock(&mu_);
+    rate_ = bytes_per_second;
+    next_ = Clock::now();
+    ++generation_;
+  }
+
+  uint64_t rate() const {
+    absl::MutexLock lock(&mu_);
+    return rate_;
   }
 
  private:
   using Clock = std::chrono::steady_clock;
-  const uint64_t rate_;
-  absl::Mutex mu_;
+  static constexpr Clock::duration kCancelPoll = std::chrono::milliseconds(50);
+
+  mutable absl::Mutex mu_;
+  uint64_t rate_ ABSL_GUARDED_BY(mu_);
   Clock::time_point next_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // SetRate calls
 };
 
 }  // namespace ckpt

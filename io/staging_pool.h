@@ -30,6 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/daemon_metrics.h"
 
 namespace ckpt {
 
@@ -130,6 +131,12 @@ class StagingPool {
   std::vector<int> free_ ABSL_GUARDED_BY(mu_);  // indexes of free buffers
   uint32_t withheld_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(int)> return_observer_ ABSL_GUARDED_BY(mu_);
+
+  // Read at each metrics render; last, so unbound before what they read goes.
+  GaugeBinding used_gauge_ = DaemonMetrics::Get().staging_pool_used_bytes.Bind(
+      [this] { return static_cast<double>(pool_bytes() - free_bytes()); });
+  GaugeBinding size_gauge_ = DaemonMetrics::Get().staging_pool_size_bytes.Bind(
+      [this] { return static_cast<double>(pool_bytes()); });
 };
 
 }  // namespace ckpt

@@ -54,6 +54,7 @@ absl::Status CheckFilledOnce(std::vector<std::pair<uint64_t, uint64_t>> filled,
 absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
                              const v1::Manifest& index,
                              const std::map<std::string, std::vector<int>>& by_fqn,
+                             LoadPlanBudget::Reservation* plan,
                              std::map<int, std::vector<Delivery>>* deliveries,
                              v1::LoadResponse* response) {
   if (!session.opened()) {
@@ -106,6 +107,8 @@ absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
     std::vector<std::pair<uint64_t, uint64_t>> filled;  // [dst, dst + length)
     for (int t : chunks->second) {
       const v1::StoredTensor& c = index.tensors(t);
+      RETURN_IF_ERROR(plan->Add(CountCopyRuns(BoxOf(c.offsets(), c.local_shape()), want),
+                                item.fqn()));
       for (const CopyRun& run :
            IntersectBoxes(BoxOf(c.offsets(), c.local_shape()), want, element_bytes)) {
         planned[t].push_back(

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "ckpt/v1/control.pb.h"
 #include "ckpt/v1/manifest.pb.h"
+#include "restore/load_plan_budget.h"
 #include "restore/shard_reader.h"
 #include "session/session.h"
 
@@ -28,10 +29,14 @@ namespace ckpt {
 // Plans `request` against `index` (`by_fqn`: the indexes into
 // index.tensors() of each fqn's chunks): its deliveries per stored chunk
 // (appended to `deliveries`, only if the whole request is valid) and its
-// byte items and missing list (into `response`).
+// byte items and missing list (into `response`). Each item's copy runs are
+// counted and reserved in `plan` before they are made
+// (restore/load_plan_budget.h): a slice that would pass the budget fails
+// RESOURCE_EXHAUSTED without growing the daemon.
 absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
                              const v1::Manifest& index,
                              const std::map<std::string, std::vector<int>>& by_fqn,
+                             LoadPlanBudget::Reservation* plan,
                              std::map<int, std::vector<Delivery>>* deliveries,
                              v1::LoadResponse* response);
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/daemon_metrics.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
@@ -24,6 +25,8 @@ struct RoundRun {
     Loader::Done done;
     absl::Status status;
     v1::LoadResponse response;
+    // The plan's share of the budget, held while its deliveries exist.
+    LoadPlanBudget::Reservation plan;
   };
   std::vector<Entry> entries;
   v1::CommitRecord record;  // ItemReads point into its checksums
@@ -57,6 +60,17 @@ struct RoundRun {
   }
 };
 
+// `done`, counting the load's outcome and duration (from now) first.
+Loader::Done Measured(Loader::Done done) {
+  return [done = std::move(done), start = std::chrono::steady_clock::now()](
+             absl::StatusOr<v1::LoadResponse> result) {
+    DaemonMetrics& metrics = DaemonMetrics::Get();
+    metrics.load_seconds.Observe(SecondsSince(start));
+    (result.ok() ? metrics.loads_ok : metrics.loads_failed).Add();
+    done(std::move(result));
+  };
+}
+
 // Resolves "latest", leases the checkpoint and reads its COMMIT.
 absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStore& store,
                                              CheckpointLeases& leases) {
@@ -76,7 +90,7 @@ absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStor
 
 void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-              const MemoryTier* tier) {
+              const MemoryTier* tier, LoadPlanBudget* plan_budget) {
   auto record = OpenForRead(*run, *store, *leases);
   if (!record.ok()) {
     for (auto& e : run->entries) e.status = record.status();
@@ -100,8 +114,12 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       continue;
     }
     std::map<int, std::vector<Delivery>> mine;
-    e.status = PlanLoadRequest(*e.session, e.request, index, by_fqn, &mine, &e.response);
+    // A request that fails gives its reservation back at once.
+    LoadPlanBudget::Reservation plan = plan_budget->Open();
+    e.status =
+        PlanLoadRequest(*e.session, e.request, index, by_fqn, &plan, &mine, &e.response);
     if (!e.status.ok()) continue;
+    e.plan = std::move(plan);
     for (auto& [t, list] : mine) {
       auto& into = deliveries[t];
       into.insert(into.end(), list.begin(), list.end());
@@ -197,13 +215,14 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
 
 Loader::Loader(std::chrono::milliseconds batch_window, const CheckpointStore* store,
                StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-               const MemoryTier* tier)
+               const MemoryTier* tier, uint64_t plan_bytes)
     : batch_window_(batch_window),
       store_(store),
       pool_(pool),
       workers_(workers),
       leases_(leases),
-      tier_(tier) {
+      tier_(tier),
+      plan_budget_(LoadPlanBudget::Create(plan_bytes)) {
   batcher_ = std::thread([this] { Batch(); });
 }
 
@@ -218,6 +237,7 @@ Loader::~Loader() {
 
 void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
                    Done done) {
+  done = Measured(std::move(done));
   if (!session->opened()) {
     done(absl::FailedPreconditionError("call OpenSession before Load"));
     return;
@@ -279,10 +299,12 @@ void Loader::Launch(std::vector<Request> requests) {
   auto run = std::make_shared<RoundRun>();
   for (Request& r : requests) {
     run->entries.push_back(
-        {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}});
+        {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}, {}});
   }
   workers_->Post(
-      [run, this](IoQueue&) { RunRound(run, store_, pool_, workers_, leases_, tier_); });
+      [run, this, budget = plan_budget_](IoQueue&) {
+        RunRound(run, store_, pool_, workers_, leases_, tier_, budget.get());
+      });
 }
 
 }  // namespace ckpt

@@ -34,6 +34,7 @@
 #include "ckpt/v1/control.pb.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
+#include "restore/load_plan_budget.h"
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
@@ -45,9 +46,11 @@ class Loader {
  public:
   using Done = std::function<void(absl::StatusOr<v1::LoadResponse>)>;
 
+  // `plan_bytes`: the memory the plans of loads in flight may hold
+  // (restore/load_plan_budget.h).
   Loader(std::chrono::milliseconds batch_window, const CheckpointStore* store,
          StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-         const MemoryTier* tier);
+         const MemoryTier* tier, uint64_t plan_bytes);
   ~Loader();  // stops the batching thread; queued rounds still run
 
   // Queues the load; `done` receives the result.
@@ -76,6 +79,7 @@ class Loader {
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
   const MemoryTier* const tier_;
+  const std::shared_ptr<LoadPlanBudget> plan_budget_;
 
   absl::Mutex mu_;
   absl::CondVar wake_;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_metrics.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "io/io_pipeline.h"
@@ -369,6 +370,7 @@ absl::Status ReadImage(const ReadPlan& plan, uint64_t window_bytes) {
         w.offset >= req.file_size ? 0 : std::min(w.length, req.file_size - w.offset);
     const char* data = bytes == 0 ? nullptr : req.memory_image + w.offset;
     RETURN_IF_ERROR(consumer.Consume(data, w, bytes));
+    DaemonMetrics::Get().read_bytes_memory.Add(bytes);
   }
   return consumer.Finish();
 }
@@ -447,6 +449,8 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
         if (!f.status.ok() && error.ok()) error = Annotate(f.status, req.path);
         // The page read again at a window seam counts once.
         bytes_read += f.bytes - std::min(f.bytes, w.planned.overlap);
+        // The disk read the seam page twice, though.
+        DaemonMetrics::Get().read_bytes_storage.Add(f.bytes);
       }
     }
     while (error.ok() && !windows.empty() && windows.front().done) {

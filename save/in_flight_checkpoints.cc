@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -88,6 +89,11 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
+    if (request.join_only) {
+      return absl::UnavailableError(absl::StrCat(
+          "ckptd is stopping: it accepts no new checkpoint (", key,
+          "), only the parts of those in flight"));
+    }
     if (committed) {
       return absl::AlreadyExistsError(absl::StrCat(
           "checkpoint ", key, " is already committed; choose a new name"));
@@ -190,6 +196,7 @@ InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
     } else {
       LogWarning("save ", part.id, " of ", entry.checkpoint->key, " rank ",
                  part.rank, ": ", status.ToString());
+      DaemonMetrics::Get().CountError(status);  // the error that ends it
       EndLocked(
           entry,
           absl::IsCancelled(status) ? v1::PHASE_CANCELLED : v1::PHASE_FAILED,
@@ -279,6 +286,7 @@ InFlightCheckpoints::RanksCheck InFlightCheckpoints::ExpireMissingRanks(
     return result;
   }
   std::vector<uint32_t> submitted;  // ascending: `parts` is by rank
+  DaemonMetrics::Get().CountError(absl::StatusCode::kDeadlineExceeded);
   for (const auto& [rank, part] : entry.parts) submitted.push_back(rank);
   EndLocked(
       entry, v1::PHASE_FAILED,
@@ -354,6 +362,33 @@ InFlightCheckpoints::CancelCheckpoint(absl::string_view job,
   result.saves = entry.parts.size();
   result.retired = MaybeRetireLocked(it);
   return result;
+}
+
+InFlightCheckpoints::StoppedAll InFlightCheckpoints::CancelAll(
+    absl::string_view reason, bool durable_too, ListenerCalls* out) {
+  StoppedAll stopped;
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto next = std::next(it);  // retiring may erase `it`
+    Entry& entry = it->second;
+    if (entry.final_phase == v1::PHASE_UNSPECIFIED) {
+      if (CheckCancellable(entry).ok()) {
+        EndLocked(entry, v1::PHASE_CANCELLED, std::string(reason), out);
+      } else if (durable_too && entry.manifest_written) {
+        EndLocked(entry, v1::PHASE_CANCELLED,
+                  absl::StrCat(reason,
+                               "; this node's files are durable, so it still "
+                               "commits if every other node's are"),
+                  out);
+      }
+      if (entry.final_phase != v1::PHASE_UNSPECIFIED) {
+        stopped.ended.push_back(it->first);
+        if (auto r = MaybeRetireLocked(it)) stopped.retired.push_back(*std::move(r));
+      }
+    }
+    it = next;
+  }
+  return stopped;
 }
 
 std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionClosed(

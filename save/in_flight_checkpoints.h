@@ -83,6 +83,9 @@ class InFlightCheckpoints {
     std::string job, name;
     std::shared_ptr<const TensorLayout> tensors;
     std::vector<v1::ByteItem> byte_items;
+    // The daemon is stopping: the part may join an attempt in flight, so
+    // that it can still commit, but may not start a new one.
+    bool join_only = false;
   };
 
   explicit InFlightCheckpoints(SaveProgressBoard* board) : board_(board) {}
@@ -165,6 +168,20 @@ class InFlightCheckpoints {
   absl::StatusOr<Cancelled> CancelCheckpoint(absl::string_view job,
                                              absl::string_view name,
                                              ListenerCalls* out);
+
+  // The daemon stops: ends every attempt still in flight CANCELLED with
+  // `reason`, except those whose parts are all durable: another node may
+  // commit with their files. With `durable_too`, those whose node manifest
+  // is written end too (their files stay, left for gc or another node's
+  // commit, and the reason says so); an attempt between its last durable
+  // part and its manifest is always left to its worker, which commits or
+  // hands it to the commit watcher. Returns the names of the attempts ended.
+  struct StoppedAll {
+    std::vector<std::string> ended;  // "job/name"
+    std::vector<Retired> retired;
+  };
+  StoppedAll CancelAll(absl::string_view reason, bool durable_too,
+                       ListenerCalls* out);
 
   // Fails the attempts of the session's job that still wait for its rank.
   std::vector<Retired> SessionClosed(const Session& session,

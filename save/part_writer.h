@@ -10,7 +10,8 @@
 // STAGED (copies_enqueued) and STAGED.
 //
 // Ownership: borrows the store, pool, tier, board and file operations,
-// which outlive it; owns the write rate limiter all writes share.
+// which outlive it; owns the write rate limiter all writes share (its rate
+// changes live, SetWriteRateLimit).
 // Thread-safety: Write may run on several workers at once (one part each).
 #pragma once
 
@@ -54,6 +55,11 @@ class PartWriter {
   // OK once all of them are durable. Cancelled if the part was cancelled.
   // Fills part.results.
   absl::Status Write(SavePart& part, IoQueue& queue);
+
+  // The write rate cap from the next write on (SIGHUP); 0: unlimited.
+  void SetWriteRateLimit(uint64_t bytes_per_second) {
+    limiter_.SetRate(bytes_per_second);
+  }
 
   // Tensor bytes written to data files since start (headers excluded).
   uint64_t tensor_bytes_written() const { return tensor_bytes_written_.load(); }

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
@@ -39,6 +41,7 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
                                  CheckpointLeases* leases, MemoryTier* tier,
                                  FileOps& file_ops)
     : options_(options),
+      keep_last_(options.keep_last),
       store_(store),
       workers_(workers),
       leases_(leases),
@@ -90,7 +93,8 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
       .job = request.job(),
       .name = request.checkpoint(),
       .tensors = std::move(tensors),
-      .byte_items = {request.byte_items().begin(), request.byte_items().end()}};
+      .byte_items = {request.byte_items().begin(), request.byte_items().end()},
+      .join_only = !accepting_.load()};
   // COMMIT is looked for (one stat) outside every lock; Add refuses if an
   // attempt committed meanwhile, since it may have had this name.
   ListenerCalls calls;
@@ -150,6 +154,7 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
   }();
   ListenerCalls calls;
   if (!status.ok()) {
+    DaemonMetrics::Get().CountError(status);
     auto retired = checkpoints_.Fail(
         *cp, absl::StrCat("node manifest: ", status.message()), &calls);
     calls.Run();
@@ -175,6 +180,7 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
     tier_->MarkCommitted(cp->job, cp->name);
     retired = checkpoints_.Commit(*cp, &calls);
   } else if (!committed.ok()) {
+    DaemonMetrics::Get().CountError(committed.status());
     // A node that alone commits (one node) knows nobody else writes this
     // COMMIT: once a failed write is taken back (a full disk at its
     // directory's fsync leaves it in place), its files can go, so a full
@@ -187,6 +193,7 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
         *cp, absl::StrCat("commit: ", committed.status().message()), &calls,
         manifest_unused);
   } else if (*waited >= std::chrono::milliseconds(options_.commit_timeout_ms)) {
+    DaemonMetrics::Get().CountError(absl::StatusCode::kDeadlineExceeded);
     const auto present = store_->ListNodeManifests(cp->job, cp->name);
     retired = checkpoints_.Fail(
         *cp,
@@ -234,7 +241,7 @@ bool SaveCoordinator::WithdrawFailedCommit(const CheckpointAttempt& cp) {
 void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   LogInfo("checkpoint ", cp.key, " committed");
   // Only now is there a newer committed checkpoint to make room for.
-  auto deleted = ApplyRetention(*store_, *leases_, cp.job, options_.keep_last);
+  auto deleted = ApplyRetention(*store_, *leases_, cp.job, keep_last_.load());
   if (!deleted.ok()) {
     LogWarning("retention: ", deleted.status().ToString());
   } else {
@@ -242,6 +249,18 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   }
   // For restores into GPU memory at the copy engine's speed.
   tier_->Pin(cp.job, cp.name);
+}
+
+std::vector<std::string> SaveCoordinator::CancelAll(absl::string_view reason) {
+  ListenerCalls calls;
+  // With one node, an attempt whose parts are all durable commits on its
+  // worker at once; with several, one waiting for the others' manifests
+  // would otherwise hold its waiters until the commit timeout.
+  InFlightCheckpoints::StoppedAll stopped =
+      checkpoints_.CancelAll(reason, /*durable_too=*/options_.nodes > 1, &calls);
+  calls.Run();
+  for (Retired& retired : stopped.retired) FinishRetirement(std::move(retired));
+  return stopped.ended;
 }
 
 void SaveCoordinator::FinishRetirement(std::optional<Retired> retired) {
@@ -300,10 +319,27 @@ absl::StatusOr<uint32_t> SaveCoordinator::CancelCheckpoint(
 
 absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
     absl::string_view job) {
-  return ckpt::CollectGarbage(
-      *store_, job, [this](const std::string& j, const std::string& name) {
-        return checkpoints_.Contains(j, name);
-      });
+  ASSIGN_OR_RETURN(GarbageCollection gc,
+                   ckpt::CollectGarbage(*store_, job,
+                                        [this](const std::string& j, const std::string& name) {
+                                          return checkpoints_.Contains(j, name);
+                                        }));
+  // Retention now, as after a commit: for an operator who lowered
+  // keep_last (SIGHUP) or whose commits were too few to trigger it.
+  const uint32_t keep_last = keep_last_.load();
+  if (keep_last == 0) return gc;
+  ASSIGN_OR_RETURN(const std::vector<v1::CheckpointInfo> all, store_->List(job));
+  std::set<std::string> jobs;
+  for (const v1::CheckpointInfo& c : all) jobs.insert(c.job());
+  for (const std::string& j : jobs) {
+    ASSIGN_OR_RETURN(const std::vector<std::string> deleted,
+                     ApplyRetention(*store_, *leases_, j, keep_last));
+    for (const std::string& name : deleted) {
+      tier_->Drop(j, name);
+      gc.removed.push_back(absl::StrCat(j, "/", name, " (retention: keep_last ", keep_last, ")"));
+    }
+  }
+  return gc;
 }
 
 void SaveCoordinator::OnSessionClosed(const std::shared_ptr<Session>& session) {

@@ -35,6 +35,7 @@
 // the store, a worker, the tier, the leases or a listener.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -103,7 +104,8 @@ class SaveCoordinator {
   }
 
   // Removes uncommitted checkpoints of `job` (every job if empty) older
-  // than the job's newest committed one and not being written here.
+  // than the job's newest committed one and not being written here, then
+  // applies retention (keep_last) to those jobs now.
   // Storage work: call it on an I/O worker.
   absl::StatusOr<GarbageCollection> CollectGarbage(
       absl::string_view job);
@@ -111,6 +113,25 @@ class SaveCoordinator {
   // Fails in-flight checkpoints of the session's job that still wait for
   // the session's rank.
   void OnSessionClosed(const std::shared_ptr<Session>& session);
+
+  // The daemon is stopping (a drain): from now on Submit only adds parts
+  // to checkpoints already in flight here, so that they can still commit;
+  // a new checkpoint fails UNAVAILABLE "ckptd is stopping".
+  void StopAccepting() { accepting_ = false; }
+  bool accepting() const { return accepting_.load(); }
+  // Ends the checkpoints still in flight, CANCELLED with `reason`
+  // (InFlightCheckpoints::CancelAll says which; with several nodes those
+  // waiting for the others' manifests end too, their files kept), and
+  // returns their names ("job/name"). Their parts stop at the next window;
+  // the files go as after any cancel, on the I/O workers.
+  std::vector<std::string> CancelAll(absl::string_view reason);
+
+  // Settings that change live (SIGHUP, daemon/live_reload.h): retention
+  // applies from the next commit on, the rate cap from the next write.
+  void SetKeepLast(uint32_t keep_last) { keep_last_ = keep_last; }
+  void SetWriteRateLimit(uint64_t bytes_per_second) {
+    writer_.SetWriteRateLimit(bytes_per_second);
+  }
 
   // Stops the commit watcher (commit retries, local-ranks deadlines), which
   // posts to the I/O workers: call it before they are destroyed. Attempts
@@ -138,7 +159,11 @@ class SaveCoordinator {
   // What an attempt that left the set still needs, outside every lock.
   void FinishRetirement(std::optional<Retired> retired);
 
+  // keep_last and write_rate_limit are read from keep_last_ and the
+  // writer's limiter instead: they change live.
   const SaveOptions options_;
+  std::atomic<uint32_t> keep_last_;
+  std::atomic<bool> accepting_{true};
   const CheckpointStore* const store_;
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;

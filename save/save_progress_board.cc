@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/daemon_metrics.h"
 #include "common/save_phase.h"
 
 namespace ckpt {
@@ -12,6 +13,34 @@ namespace {
 constexpr auto kProgressInterval = std::chrono::milliseconds(200);
 constexpr auto kKeepEndedParts = std::chrono::minutes(10);
 constexpr size_t kMaxEndedParts = 4096;
+
+// A part's phase went from `before` to `after`: its latency from
+// acceptance, its outcome, saves in flight.
+void CountPhaseChange(v1::Phase before, v1::Phase after,
+                      std::chrono::steady_clock::time_point accepted_at) {
+  DaemonMetrics& m = DaemonMetrics::Get();
+  switch (after) {
+    case v1::PHASE_STAGED:
+      m.save_staged_seconds.Observe(SecondsSince(accepted_at));
+      break;
+    case v1::PHASE_DURABLE:
+      m.save_durable_seconds.Observe(SecondsSince(accepted_at));
+      break;
+    case v1::PHASE_COMMITTED:
+      m.save_committed_seconds.Observe(SecondsSince(accepted_at));
+      m.saves_committed.Add();
+      break;
+    case v1::PHASE_FAILED:
+      m.saves_failed.Add();
+      break;
+    case v1::PHASE_CANCELLED:
+      m.saves_cancelled.Add();
+      break;
+    default:
+      break;
+  }
+  if (!IsFinalPhase(before) && IsFinalPhase(after)) m.saves_in_flight.Add(-1);
+}
 
 }  // namespace
 
@@ -29,6 +58,8 @@ void SaveProgressBoard::Add(uint64_t session_id,
   Entry& entry = entries_[progress.save_id()];
   entry.session_id = session_id;
   entry.progress = progress;
+  entry.accepted_at = std::chrono::steady_clock::now();
+  DaemonMetrics::Get().saves_in_flight.Add(1);
   PublishLocked(entry, /*force=*/true, out);
   PruneLocked();
 }
@@ -39,7 +70,11 @@ void SaveProgressBoard::Update(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(save_id);
   if (it == entries_.end()) return;
+  const v1::Phase before = it->second.progress.phase();
   change(it->second.progress);
+  if (it->second.progress.phase() != before) {
+    CountPhaseChange(before, it->second.progress.phase(), it->second.accepted_at);
+  }
   PublishLocked(it->second, force, out);
 }
 

@@ -15,6 +15,9 @@
 // inside InFlightCheckpoints' lock).
 //
 // Ownership: owns the progress records and the pending listeners.
+// Every phase change is published here, so the board also counts each
+// part's outcome and phase latencies into DaemonMetrics (atomics only).
+//
 // Thread-safety: all methods may be called from any thread. `mu_` is a leaf:
 // nothing outside the board is called while it is held.
 #pragma once
@@ -91,6 +94,8 @@ class SaveProgressBoard {
     uint64_t version = 0;
     std::chrono::steady_clock::time_point last_publish;
     std::vector<Listener> listeners;
+    // When Add put it here (ACCEPTED): the phases' latencies start here.
+    std::chrono::steady_clock::time_point accepted_at;
   };
 
   // Bumps the version and hands the waiting listeners to `out`, unless

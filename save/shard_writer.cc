@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crash_point.h"
+#include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -179,6 +180,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     for (const IoPipeline::Finished& f : finished) {
       if (!f.status.ok()) first_error.Update(Annotate(f.status, req.path));
       progress.bytes_written += f.bytes;
+      DaemonMetrics::Get().written_bytes.Add(f.bytes);
     }
     const bool any = !finished.empty();
     finished.clear();  // the written buffers go back to the pool
@@ -254,9 +256,12 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     const uint64_t padded = AlignUp(filled);
     std::memset(done.buffer.data() + filled, 0, padded - filled);
     progress.bytes_staged += filled;
+    DaemonMetrics::Get().staged_bytes.Add(filled);
     if (req.on_progress) req.on_progress(progress);
 
-    if (req.limiter != nullptr) req.limiter->Acquire(padded);
+    // A cancelled save stops waiting for its turn (a drain's deadline must
+    // not wait out a throttled queue); its write is then reaped as usual.
+    if (req.limiter != nullptr) req.limiter->Acquire(padded, req.cancelled);
     IoRequest write;
     write.kind = IoRequest::Kind::kWrite;
     write.fd = fd;

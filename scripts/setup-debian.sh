@@ -17,7 +17,13 @@ packages=(
   libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libxxhash-dev catch2
+  libsystemd-dev  # sd_notify: Type=notify readiness, STOPPING and STATUS (daemon/service_notifier.h)
   fio python3 python3-venv python3-dev pybind11-dev
+  # systemd-analyze and systemd-sysusers check the unit (tests/deploy/check_unit.sh).
+  systemd
+  # The unit booted under a real systemd in a debootstrapped Debian tree
+  # (tests/system/systemd_unit_test.sh; skipped without them).
+  systemd-container debootstrap
 )
 
 missing=()

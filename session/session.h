@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckpt/v1/control.pb.h"
+#include "common/daemon_metrics.h"
 #include "common/handshake_frame.h"
 #include "common/socket_access.h"
 #include "common/unique_fd.h"
@@ -215,6 +216,10 @@ class SessionRegistry {
   std::unordered_map<int, std::pair<UniqueFd, std::shared_ptr<Session>>> by_fd_
       ABSL_GUARDED_BY(mu_);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  // Read at each metrics render; last, so unbound before what it reads goes.
+  GaugeBinding sessions_gauge_ = DaemonMetrics::Get().sessions.Bind(
+      [this] { return static_cast<double>(size()); });
 };
 
 }  // namespace ckpt

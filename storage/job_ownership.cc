@@ -20,12 +20,15 @@ namespace {
 absl::Mutex claim_mu(absl::kConstInit);
 
 absl::Status GiveTo(const StorageDir& dir, uid_t uid) {
-  // The group stays; with mode 0700 it grants nothing.
-  if (::fchown(dir.fd(), uid, static_cast<gid_t>(-1)) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("chown ", dir.path(), " to uid ", uid));
-  }
+  // The mode first, while the daemon still owns the directory: a daemon
+  // that is not root (the systemd unit's) may chown (CAP_CHOWN) but has no
+  // CAP_FOWNER to chmod what it gave away. The group stays; with mode 0700
+  // it grants nothing.
   if (::fchmod(dir.fd(), 0700) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("chmod 0700 ", dir.path()));
+  }
+  if (::fchown(dir.fd(), uid, static_cast<gid_t>(-1)) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("chown ", dir.path(), " to uid ", uid));
   }
   return dir.Fsync();
 }
@@ -42,10 +45,20 @@ absl::StatusOr<struct stat> StatDir(const StorageDir& dir) {
 
 absl::StatusOr<std::optional<uid_t>> JobOwner(const CheckpointStore& store,
                                               absl::string_view job) {
+  // Under the claim lock: another rank's first save may be between its
+  // mkdir and its chown, when the new directory is still the daemon's own.
+  absl::MutexLock lock(&claim_mu);
   absl::StatusOr<StorageDir> dir = store.OpenJob(job);
   if (absl::IsNotFound(dir.status())) return std::optional<uid_t>();
   if (!dir.ok()) return dir.status();
   ASSIGN_OR_RETURN(struct stat st, StatDir(*dir));
+  // An empty directory of the daemon's own user belongs to nobody yet (a
+  // crash between a mkdir and its chown): ClaimJob gives it to the first
+  // saver.
+  if (st.st_uid == ::geteuid()) {
+    ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir->List());
+    if (entries.empty()) return std::optional<uid_t>();
+  }
   return std::optional<uid_t>(st.st_uid);
 }
 

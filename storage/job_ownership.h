@@ -26,7 +26,11 @@
 
 namespace ckpt {
 
-// The uid owning `job`'s directory; nullopt if the job has none yet.
+// The uid owning `job`'s directory; nullopt if the job has none yet, or
+// only an empty one of the daemon's own user (a first save between its
+// mkdir and its chown, or a crash there), which ClaimJob gives to the first
+// saver. Ordered against ClaimJob, so a rank never sees another rank's new
+// directory before it has its owner.
 absl::StatusOr<std::optional<uid_t>> JobOwner(const CheckpointStore& store,
                                               absl::string_view job);
 

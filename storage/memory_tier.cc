@@ -32,21 +32,16 @@ void FileImage::PinWith(ImagePinner* pinner) {
 
 void MemoryTier::SetPinner(ImagePinner* pinner) { pinner_ = pinner; }
 
-std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
-                                               const std::string& checkpoint,
-                                               const std::string& file, uint64_t size) {
-  if (size > budget_) return nullptr;
-  // Evicted images are unpinned and unmapped after the lock is released.
-  std::vector<std::shared_ptr<FileImage>> evicted;
-  absl::MutexLock lock(&mu_);
-  const std::string key = Key(job, checkpoint);
+bool MemoryTier::EvictLocked(uint64_t room, const std::string& keep,
+                             uint64_t reuse_size,
+                             std::shared_ptr<FileImage>* reused,
+                             std::vector<std::shared_ptr<FileImage>>* evicted) {
   // Evict other checkpoints, oldest first, skipping images a load holds.
-  std::shared_ptr<FileImage> reused;
-  while (used_ + size > budget_) {
+  while (used_ + room > budget_) {
     Checkpoint* oldest = nullptr;
     std::string oldest_key;
     for (auto& [k, cp] : checkpoints_) {
-      if (k == key) continue;
+      if (k == keep) continue;
       bool busy = false;
       for (const auto& [name, image] : cp.files) busy = busy || image.use_count() > 1;
       if (busy) continue;
@@ -55,17 +50,30 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
         oldest_key = k;
       }
     }
-    if (oldest == nullptr) return nullptr;
+    if (oldest == nullptr) return false;
     for (const auto& [name, image] : oldest->files) {
       used_ -= image->size();
-      if (reused == nullptr && image->size() == size) {
-        reused = image;
+      if (reused != nullptr && *reused == nullptr && image->size() == reuse_size) {
+        *reused = image;
       } else {
-        evicted.push_back(image);
+        evicted->push_back(image);
       }
     }
     checkpoints_.erase(oldest_key);
   }
+  return true;
+}
+
+std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
+                                               const std::string& checkpoint,
+                                               const std::string& file, uint64_t size) {
+  // Evicted images are unpinned and unmapped after the lock is released.
+  std::vector<std::shared_ptr<FileImage>> evicted;
+  absl::MutexLock lock(&mu_);
+  if (size > budget_) return nullptr;
+  const std::string key = Key(job, checkpoint);
+  std::shared_ptr<FileImage> reused;
+  if (!EvictLocked(size, key, size, &reused, &evicted)) return nullptr;
   std::shared_ptr<FileImage> image =
       reused != nullptr ? std::move(reused) : std::make_shared<FileImage>(size);
   if (image->data() == nullptr) return nullptr;
@@ -76,6 +84,23 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
   slot = image;
   used_ += size;
   return image;
+}
+
+uint64_t MemoryTier::SetBudget(uint64_t budget) {
+  std::vector<std::shared_ptr<FileImage>> evicted;  // unmapped after unlocking
+  uint64_t freed = 0;
+  absl::MutexLock lock(&mu_);
+  budget_ = budget;
+  const uint64_t before = used_;
+  // What cannot go now (held by a load or a save) goes at a later Reserve.
+  EvictLocked(0, /*keep=*/"", 0, nullptr, &evicted);
+  freed = before - used_;
+  return freed;
+}
+
+uint64_t MemoryTier::budget() const {
+  absl::MutexLock lock(&mu_);
+  return budget_;
 }
 
 void MemoryTier::MarkCommitted(const std::string& job, const std::string& checkpoint) {

@@ -22,10 +22,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/daemon_metrics.h"
 
 namespace ckpt {
 
@@ -81,6 +83,13 @@ class MemoryTier {
 
   uint64_t used_bytes() const;
 
+  // The budget from now on (SIGHUP). Shrinking evicts the oldest
+  // checkpoints' images that no load or save holds until the rest fit; an
+  // image in use stays, and goes at a later Reserve or SetBudget. Returns
+  // the bytes evicted.
+  uint64_t SetBudget(uint64_t budget);
+  uint64_t budget() const;
+
  private:
   struct Checkpoint {
     uint64_t sequence = 0;  // reservation order: lower is older
@@ -91,12 +100,27 @@ class MemoryTier {
     return job + "/" + checkpoint;
   }
 
-  const uint64_t budget_;
+  // Evicts the oldest checkpoints other than `keep` whose images nobody
+  // holds until `used_ + room <= budget_`; false if that cannot be done.
+  // One evicted image of `reuse_size` bytes (0: none) goes to `*reused`,
+  // the others to `*evicted`, to be unmapped after the lock is released.
+  bool EvictLocked(uint64_t room, const std::string& keep, uint64_t reuse_size,
+                   std::shared_ptr<FileImage>* reused,
+                   std::vector<std::shared_ptr<FileImage>>* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::atomic<ImagePinner*> pinner_{nullptr};
   mutable absl::Mutex mu_;
+  uint64_t budget_ ABSL_GUARDED_BY(mu_);
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+
+  // Read at each metrics render; last, so unbound before what they read goes.
+  GaugeBinding used_gauge_ = DaemonMetrics::Get().memory_tier_used_bytes.Bind(
+      [this] { return static_cast<double>(used_bytes()); });
+  GaugeBinding budget_gauge_ = DaemonMetrics::Get().memory_tier_budget_bytes.Bind(
+      [this] { return static_cast<double>(budget()); });
 };
 
 }  // namespace ckpt

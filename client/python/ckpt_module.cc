@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -22,12 +23,57 @@ namespace py = pybind11;
 
 namespace {
 
+// How long a wait holds without checking for Ctrl-C: short enough that an
+// interrupted trainer stops at once to a user, long enough to cost nothing.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
+
 class StatusError : public std::runtime_error {
  public:
   explicit StatusError(const absl::Status& status)
       : std::runtime_error(absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
-                                        status.message())) {}
+                                        status.message())),
+        code_(status.code()) {}
+  absl::StatusCode code() const { return code_; }
+
+ private:
+  absl::StatusCode code_;
 };
+
+// Sets the Python error of `e`: the ckptd.errors class that says what the
+// user can do (errors.py lists them).
+void RaiseStatus(const StatusError& e) {
+  py::module_ errors = py::module_::import("ckptd.errors");
+  const std::string message = e.what();
+  const char* cls = "CkptdError";
+  switch (e.code()) {
+    case absl::StatusCode::kUnavailable:
+      cls = "DaemonUnavailable";
+      break;
+    case absl::StatusCode::kNotFound:
+      // The daemon's words for a checkpoint it does not have
+      // (storage/checkpoint_store.cc); other NOT_FOUNDs name an item.
+      if (message.find("does not exist or is not committed") != std::string::npos ||
+          message.find("has no committed checkpoint") != std::string::npos) {
+        cls = "CheckpointNotFound";
+      }
+      break;
+    case absl::StatusCode::kInvalidArgument: {
+      py::object mismatch = errors.attr("state_mismatch")(message);
+      if (!mismatch.is_none()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(mismatch.ptr())), mismatch.ptr());
+        return;
+      }
+      break;
+    }
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+      cls = "SaveFailed";
+      break;
+    default:
+      break;
+  }
+  PyErr_SetString(errors.attr(cls).ptr(), message.c_str());
+}
 
 void Check(const absl::Status& status) {
   if (!status.ok()) throw StatusError(status);
@@ -93,12 +139,33 @@ class PySaveHandle {
   explicit PySaveHandle(std::unique_ptr<ckpt::SaveHandle> handle)
       : handle_(std::move(handle)) {}
   uint64_t id() const { return handle_->id(); }
-  void WaitStaged() { Blocking([&] { return handle_->WaitStaged(); }); }
-  void WaitCommitted() { Blocking([&] { return handle_->WaitCommitted(); }); }
+  void WaitStaged() {
+    Interruptible([&](absl::Duration d) { return handle_->WaitStaged(d); });
+  }
+  void WaitCommitted() {
+    Interruptible([&](absl::Duration d) { return handle_->WaitCommitted(d); });
+  }
   void Cancel() { Blocking([&] { return handle_->Cancel(); }); }
   py::dict Progress() { return ToDict(handle_->progress()); }
 
  private:
+  // Waits in slices without the GIL; between slices, a pending signal's
+  // Python handler runs (Ctrl-C raises KeyboardInterrupt out of here).
+  template <typename F>
+  static void Interruptible(F wait_for) {
+    for (;;) {
+      absl::Status status;
+      {
+        py::gil_scoped_release release;
+        status = wait_for(kWaitSlice);
+      }
+      if (!absl::IsDeadlineExceeded(status)) {
+        Check(status);
+        return;
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
   template <typename F>
   static void Blocking(F f) {
     absl::Status status;
@@ -126,8 +193,20 @@ class PyClient {
       py::gil_scoped_release release;
       client = ckpt::Client::Connect(options);
     }
+    if (absl::IsUnavailable(client.status())) {
+      // The one error a new user meets first: say where we looked and how
+      // to get a daemon there.
+      throw StatusError(absl::Status(
+          client.status().code(),
+          absl::StrCat("no ckptd daemon answers at ", socket, " (",
+                       client.status().message(), "). Start one with `ckptd --socket ",
+                       socket, " --root DIR` (or `systemctl start ckptd`), or pass the "
+                       "socket of the running one (socket=...)")));
+    }
     client_ = Value(std::move(client));
   }
+
+  bool Alive() { return Value(client_->DaemonAlive()); }
 
   uint64_t RegisterRegion(uint64_t address, uint64_t length) {
     py::gil_scoped_release release;
@@ -211,7 +290,15 @@ class PyClient {
 PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "libckpt, the trainer-side client of ckptd (use the ckptd package)";
   m.attr("DEFAULT_SOCKET") = ckpt::kDefaultSocket;
-  py::register_exception<StatusError>(m, "Error");
+  // The classes live in Python (ckptd/errors.py); the binding raises them.
+  m.attr("Error") = py::module_::import("ckptd.errors").attr("CkptdError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      RaiseStatus(e);
+    }
+  });
   py::class_<PySaveHandle>(m, "SaveHandle")
       .def_property_readonly("id", &PySaveHandle::id)
       .def("wait_staged", &PySaveHandle::WaitStaged)
@@ -227,5 +314,6 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("define_layout", &PyClient::DefineLayout)
       .def("save", &PyClient::Save)
       .def("load", &PyClient::Load)
-      .def("list", &PyClient::List);
+      .def("list", &PyClient::List)
+      .def("alive", &PyClient::Alive);
 }

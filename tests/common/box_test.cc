@@ -135,6 +135,7 @@ TEST_CASE("Intersections of random boxes copy exactly the shared elements") {
     INFO("trial " << trial << " rank " << rank);
     CHECK(Expand(runs, element_bytes) == expected);
     CHECK(OverlapElements(BoxOf(so, ss), BoxOf(dof, ds)) == expected.size());
+    CHECK(CountCopyRuns(BoxOf(so, ss), BoxOf(dof, ds)) == runs.size());
     // Runs are maximal: two consecutive runs never continue each other in
     // both the source and the destination.
     for (size_t i = 1; i < runs.size(); ++i) {
@@ -142,6 +143,22 @@ TEST_CASE("Intersections of random boxes copy exactly the shared elements") {
                    runs[i - 1].dst + runs[i - 1].length == runs[i].dst));
     }
   }
+}
+
+TEST_CASE("CountCopyRuns counts a narrow slice's rows without making them, and saturates",
+          "[box]") {
+  // Column 3 of a [2^40, 8] tensor: one run per row, 2^40 of them, which
+  // IntersectBoxes would need 32 TiB to list.
+  const std::vector<uint64_t> so = {0, 0}, ss = {uint64_t{1} << 40, 8};
+  const std::vector<uint64_t> dof = {0, 3}, ds = {uint64_t{1} << 40, 1};
+  CHECK(CountCopyRuns(BoxOf(so, ss), BoxOf(dof, ds)) == (uint64_t{1} << 40));
+  // Whole rows merge: one run.
+  const std::vector<uint64_t> rows = {uint64_t{1} << 40, 8};
+  CHECK(CountCopyRuns(BoxOf(so, ss), BoxOf(so, rows)) == 1);
+  // 2^40 * 2^40 rows of a 3-d slice saturate rather than wrap.
+  const std::vector<uint64_t> s3 = {0, 0, 0}, e3 = {uint64_t{1} << 40, uint64_t{1} << 40, 8};
+  const std::vector<uint64_t> d3 = {0, 0, 3}, f3 = {uint64_t{1} << 40, uint64_t{1} << 40, 1};
+  CHECK(CountCopyRuns(BoxOf(s3, e3), BoxOf(d3, f3)) == UINT64_MAX);
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ TEST_CASE("socket access: a symlink or a file in the socket's place is "
 }
 
 TEST_CASE("socket access: root, the daemon's user and the socket group "
-          "connect; nobody else") {
+          "connect, nobody else") {
   const uid_t stranger = 61234;
   const gid_t group = 61000;
   CHECK(MayConnect(SocketAccess{}, 0, 0, {}));
@@ -78,7 +78,7 @@ TEST_CASE("socket access: root, the daemon's user and the socket group "
   }
 }
 
-TEST_CASE("socket access: groups are named or numbered; an unknown name is "
+TEST_CASE("socket access: groups are named or numbered, an unknown name is "
           "refused by name") {
   CHECK(ResolveGroup("4242").value() == 4242u);
   CHECK(ResolveGroup("root").value() == 0u);

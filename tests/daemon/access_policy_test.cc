@@ -46,7 +46,7 @@ TEST_CASE("access policy: operator calls on a job are its owner's or an "
 }
 
 TEST_CASE("access policy: a trainer saves into and loads from its own uid's "
-          "jobs; root into any") {
+          "jobs, root into any") {
   CHECK(AccessPolicy::MayUseJob(kAlice, "a", kAlice).ok());
   CHECK(AccessPolicy::MayUseJob(kAlice, "new", std::nullopt).ok());
   CHECK(AccessPolicy::MayUseJob(0, "a", kAlice).ok());

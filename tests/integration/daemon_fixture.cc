@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,13 +79,24 @@ bool DaemonAnswers(const std::string& socket) {
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_flags,
                              std::string shared_root,
-                             std::vector<std::string> environment)
-    : flags_(std::move(extra_flags)), environment_(std::move(environment)) {
+                             std::vector<std::string> environment,
+                             std::optional<RunAs> run_as)
+    : flags_(std::move(extra_flags)),
+      environment_(std::move(environment)),
+      run_as_(std::move(run_as)) {
   std::string tmpl = TempBase() + "/ckptd-test-XXXXXX";
   REQUIRE(mkdtemp(tmpl.data()) != nullptr);
   dir_ = tmpl;
   socket_ = dir_ + "/ckptd.sock";
   root_ = shared_root.empty() ? dir_ + "/root" : shared_root;
+  if (run_as_.has_value()) {
+    // Its own directory, as the unit's RuntimeDirectory and storage root
+    // are the daemon user's; others may reach the socket in it.
+    REQUIRE(::chown(dir_.c_str(), run_as_->uid, run_as_->gid) == 0);
+    REQUIRE(::chmod(dir_.c_str(), 0755) == 0);
+    Launch();
+    return;
+  }
   Start();
 }
 
@@ -120,6 +132,16 @@ bool DaemonProcess::Launch() {
                                    "--max_sessions", "256",
                                    "--max_connections", "1024"};
   args.insert(args.end(), flags_.begin(), flags_.end());
+  if (run_as_.has_value()) {
+    std::string caps = "-all";
+    for (const std::string& c : run_as_->capabilities) absl::StrAppend(&caps, ",+", c);
+    const std::vector<std::string> launcher = {
+        "/usr/bin/setpriv",
+        absl::StrCat("--reuid=", run_as_->uid), absl::StrCat("--regid=", run_as_->gid),
+        "--clear-groups", absl::StrCat("--inh-caps=", caps),
+        absl::StrCat("--ambient-caps=", caps), absl::StrCat("--bounding-set=", caps), "--"};
+    args.insert(args.begin(), launcher.begin(), launcher.end());
+  }
   const std::string log = dir_ + "/ckptd.log";
   // Built before fork: the child of a threaded process only execs.
   const std::vector<std::string> env = Environment(environment_);

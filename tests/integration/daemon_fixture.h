@@ -26,6 +26,19 @@ std::string TempBase();
 #define GPU_TRAINER_BINARY ::ckpt::testing::TestBinary(GPU_TRAINER_BINARY_PATH)
 #define ACCESS_PROBE_BINARY ::ckpt::testing::TestBinary(ACCESS_PROBE_BINARY_PATH)
 
+// A daemon run as a user other than root, the way the systemd unit runs it
+// (deploy/ckptd.service.in): as `uid`:`gid` with no supplementary groups,
+// exactly `capabilities` (ambient, inheritable and bounding; names as in
+// capabilities(7) without "CAP_", lower case, e.g. "sys_ptrace"), through
+// setpriv. Resource limits stay the test's: raising LimitMEMLOCK's takes
+// CAP_SYS_RESOURCE, which a sandbox may not have (a pool it cannot lock
+// the daemon uses unlocked, and says so).
+struct RunAs {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<std::string> capabilities;
+};
+
 class DaemonProcess {
  public:
   // Starts ckptd with `extra_flags` and waits until it answers DaemonStatus.
@@ -33,15 +46,20 @@ class DaemonProcess {
   // daemons, one per node, share it) and is not removed here.
   // `environment` ("NAME=value" each) is added to the daemon's own
   // environment, e.g. a crash point (common/crash_point.h).
+  // With `run_as`, the daemon's directory is given to that user first, and
+  // a daemon that exits at start-up is no test failure: running() says so
+  // (a test of what it needs to start).
   explicit DaemonProcess(std::vector<std::string> extra_flags = {},
                          std::string shared_root = "",
-                         std::vector<std::string> environment = {});
+                         std::vector<std::string> environment = {},
+                         std::optional<RunAs> run_as = std::nullopt);
   ~DaemonProcess();  // SIGTERM, wait, remove the directory
 
   const std::string& socket() const { return socket_; }
   const std::string& root() const { return root_; }
   const std::string& dir() const { return dir_; }
   pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
 
   // SIGKILL, then reap.
   void Kill();
@@ -69,6 +87,7 @@ class DaemonProcess {
   std::string dir_, socket_, root_;
   std::vector<std::string> flags_;
   std::vector<std::string> environment_;
+  std::optional<RunAs> run_as_;
   pid_t pid_ = -1;
   int exit_status_ = 0;
 };

@@ -136,15 +136,17 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
   rank.Upload(1);
   REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
   // The stream is busy when the save is called: the step-2 bytes are
-  // written only after the delay, and the ready event after them.
-  REQUIRE(gpu->Delay(absl::Milliseconds(300)).ok());
+  // written only after the delay, and the ready event after them. The
+  // delay is long so that a loaded machine (a CI run saw 0.5 s between the
+  // save call and its return) cannot pass for a CPU that waited for it.
+  REQUIRE(gpu->Delay(absl::Seconds(3)).ok());
   rank.Upload(2);
   const auto start = std::chrono::steady_clock::now();
   auto save = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
   REQUIRE(save.ok());
   REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
   // The CPU went on without waiting for the delay or the copies...
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(250));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2000));
   // ...and the optimizer step's writes queue behind the daemon's copies.
   for (int a = 0; a < 2; ++a) {
     REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
@@ -155,7 +157,7 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
   CHECK(rank.Holds(2));
 }
 
-TEST_CASE("ten saves reuse the opened allocations; one freed and allocated "
+TEST_CASE("ten saves reuse the opened allocations, one freed and allocated "
           "again in between is saved with its new bytes and its old mapping "
           "released",
           "[integration][gpu][cuda]") {

@@ -88,7 +88,7 @@ TEST_CASE("a DCP checkpoint copied under the root survives ckptctl gc",
 
   const ProcessResult gc = s.Ctl({"gc"});
   CHECK(gc.exit_code == 0);
-  CHECK(absl::StrContains(gc.out, "0 uncommitted checkpoint(s) removed"));
+  CHECK(absl::StrContains(gc.out, "0 checkpoint(s) removed"));
   CHECK(absl::StrContains(gc.out, "left "));
   CHECK(absl::StrContains(gc.out, "not created by ckptd"));
   CHECK(ReadBytes(dcp + "/.metadata") == "dcp metadata");

@@ -98,8 +98,8 @@ struct IsolatedDaemon {
 
 }  // namespace
 
-TEST_CASE("isolation: a job is its creator's; other users cannot save, load, "
-          "list, inspect, verify, cancel or gc it; operators can") {
+TEST_CASE("isolation: a job is its creator's, other users cannot save, load, "
+          "list, inspect, verify, cancel or gc it, operators can") {
   if (!CanActAsOtherUsers()) CKPT_SKIP("needs root and setpriv to run clients as other uids");
   IsolatedDaemon d;
   const std::vector<gid_t> user = {kSocketGroup};

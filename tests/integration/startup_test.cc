@@ -109,7 +109,7 @@ TEST_CASE("a second ckptd for the same node of a storage root refuses to "
 
 TEST_CASE("ckptd restarted after a crash removes the uncommitted checkpoint "
           "and the temporaries it left, repairs LATEST, keeps what it did "
-          "not make, and logs what it did",
+          "not make, and logs what it did and shows it in ckptctl status",
           "[integration][startup][crash]") {
   // 16 MiB/s makes the 64 MiB save of step-3 last about four seconds.
   DaemonProcess daemon({"--write_rate_limit", std::to_string(16 << 20)});
@@ -154,6 +154,15 @@ TEST_CASE("ckptd restarted after a crash removes the uncommitted checkpoint "
   CHECK(absl::StrContains(log, "startup recovery: LATEST of job: step-1 -> step-2"));
   CHECK(absl::StrContains(log, " temporaries, 1 uncommitted checkpoints and "));
   CHECK(absl::StrContains(log, "repaired LATEST of 1 jobs"));
+  // ...and says so through ckptctl status.
+  const ProcessResult status =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
+  INFO(status.out);
+  CHECK(status.exit_code == 0);
+  CHECK(absl::StrContains(status.out, "at start:\n"));
+  CHECK(absl::StrContains(status.out, "  removed uncommitted job/step-3\n"));
+  CHECK(absl::StrContains(status.out, "  removed temporary job/LATEST.tmp.4242.beef.7\n"));
+  CHECK(absl::StrContains(status.out, "  repaired LATEST of job: step-1 -> step-2\n"));
 
   TestRank rank(daemon.socket(), "job", 16, 4 << 20);
   auto list = rank.client().List("job");

@@ -351,6 +351,41 @@ class TorchApiTest(unittest.TestCase):
         self.assertEqual([c["checkpoint"] for c in client.list() if c["committed"]],
                          ["step-1"])
 
+    def test_the_save_plan_is_reused_only_while_the_tensors_stay_where_they_were(self):
+        job = "plan"
+        big = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)  # saved in place
+        sd = {"model": {"w": big, "b": torch.ones(8)}, "rng": torch.get_rng_state(),
+              "step": 1}
+        c = ckpt.checkpointer(job, self.daemon.socket)
+
+        def save_and_check(name, expect_same_plan):
+            before = c._plan
+            self.save(sd, name, job)
+            self.assertEqual(c._plan is before, expect_same_plan, name)
+            want = pickle.loads(pickle.dumps(sd))
+            fresh = blank(sd)
+            self.assertEqual(self.load(fresh, job, name), name)
+            assert_same(self, fresh, want, name)
+
+        save_and_check("p1", False)
+        big.add_(1)  # same memory, new bytes
+        sd["step"] = 2
+        sd["rng"] = torch.get_rng_state()  # a new small tensor: copied, fits the plan
+        sd["model"]["b"] = torch.full((8,), 3.0)
+        save_and_check("p2", True)
+        sd["model"]["w"] = big.clone() + 1  # replaced by a tensor elsewhere
+        save_and_check("p3", False)
+        sd["model"]["w"].resize_(128, 64)  # reallocated and reshaped in place
+        sd["model"]["w"].fill_(5.0)
+        save_and_check("p4", False)
+        storage_before = sd["model"]["w"].data_ptr()
+        sd["model"]["w"].set_(torch.full((128, 64), 7.0))  # same object, other storage
+        self.assertNotEqual(sd["model"]["w"].data_ptr(), storage_before)
+        save_and_check("p5", False)
+        sd["model"]["extra"] = torch.zeros(3)  # another structure
+        save_and_check("p6", False)
+        save_and_check("p7", True)
+
     def test_stock_dcp_loads_the_tensors_saved_through_ckptd_torch(self):
         import torch.distributed.checkpoint as dcp
         torch.manual_seed(0)

@@ -299,8 +299,8 @@ std::string Latest(const std::string& root) {
 
 TEST_CASE(
     "A save whose durability protocol fails at any one step before COMMIT "
-    "fails and leaves the root as it was; one whose LATEST write fails is "
-    "committed and the next start moves LATEST; either way the previous "
+    "fails and leaves the root as it was, one whose LATEST write fails is "
+    "committed and the next start moves LATEST, either way the previous "
     "checkpoint stays committed and verifies, no temporary is left, and the "
     "daemon saves again",
     "[save_coordinator][durability][fault_injection]") {

@@ -29,8 +29,8 @@ struct stat StatOf(const std::string& path) {
   return st;
 }
 
-TEST_CASE("job ownership: a new job is its saver's, mode 0700; others are "
-          "refused; the owner and root come back") {
+TEST_CASE("job ownership: a new job is its saver's, mode 0700, others are "
+          "refused, the owner and root come back") {
   if (::geteuid() != 0) CKPT_SKIP("giving a directory to another uid needs root");
   TempDir tmp;
   CheckpointStore store(tmp.path());
@@ -52,7 +52,7 @@ TEST_CASE("job ownership: a new job is its saver's, mode 0700; others are "
 }
 
 TEST_CASE("job ownership: an empty job directory of the daemon's own is "
-          "handed to the first saver; a non-empty one is not") {
+          "handed to the first saver, a non-empty one is not") {
   if (::geteuid() != 0) CKPT_SKIP("giving a directory to another uid needs root");
   TempDir tmp;
   CheckpointStore store(tmp.path());

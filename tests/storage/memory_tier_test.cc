@@ -59,5 +59,39 @@ TEST_CASE("a tier with no budget keeps nothing", "[memory_tier]") {
   CHECK(tier.Reserve("job", "a", "f", 1) == nullptr);
 }
 
+TEST_CASE("shrinking a tier's budget evicts the oldest checkpoints nobody holds "
+          "until the rest fit",
+          "[memory_tier]") {
+  MemoryTier tier(4 * 4096);
+  REQUIRE(tier.Reserve("job", "a", "f", 2 * 4096) != nullptr);
+  tier.MarkCommitted("job", "a");
+  REQUIRE(tier.Reserve("job", "b", "f", 4096) != nullptr);
+  tier.MarkCommitted("job", "b");
+  REQUIRE(tier.Reserve("job", "c", "f", 4096) != nullptr);
+  tier.MarkCommitted("job", "c");
+  auto reading = tier.Find("job", "b", "f", 4096);  // a load holds b
+  REQUIRE(reading != nullptr);
+
+  // 1 page must go: a (the oldest, 2 pages) goes; b is held, c fits then.
+  CHECK(tier.SetBudget(3 * 4096) == 2 * 4096);
+  CHECK(tier.budget() == 3 * 4096);
+  CHECK(tier.used_bytes() == 2 * 4096);
+  CHECK(tier.Find("job", "a", "f", 2 * 4096) == nullptr);
+  CHECK(tier.Find("job", "c", "f", 4096) != nullptr);
+
+  // To 0: c goes now; b, still being read, stays until its reader is done
+  // and the next shrink (or reservation) comes.
+  CHECK(tier.SetBudget(0) == 4096);
+  CHECK(tier.Find("job", "b", "f", 4096) != nullptr);
+  reading.reset();
+  CHECK(tier.SetBudget(0) == 4096);
+  CHECK(tier.used_bytes() == 0);
+  CHECK(tier.Reserve("job", "d", "f", 4096) == nullptr);  // off now
+
+  // Growing it turns it on again.
+  CHECK(tier.SetBudget(4096) == 0);
+  CHECK(tier.Reserve("job", "d", "f", 4096) != nullptr);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -24,6 +24,14 @@ gRPC does not survive fork(): a process that forks after creating a Client
 must not use it in the child (dataloader workers that never touch it are
 fine).
 
+Errors are ckptd.CkptdError (alias ckptd.Error) and its subclasses
+DaemonUnavailable, CheckpointNotFound, StateMismatch and SaveFailed
+(errors.py). A daemon that restarted is reconnected to on the next call
+(its regions and layouts are registered again); saves in flight on the
+daemon that went away fail with DaemonUnavailable. Every wait (wait_staged,
+wait_committed, the futures of ckptd.torch) ends with KeyboardInterrupt on
+Ctrl-C.
+
 The save call hands the daemon references, not bytes: it returns in about a
 millisecond once the layout (fqns, shapes, addresses) has been seen; a new
 layout is defined with the daemon first.
@@ -32,9 +40,12 @@ layout is defined with the daemon first.
 import dataclasses
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, SaveFailed,
+                          StateMismatch)
+from ckptd import errors as _errors
 from ckptd import _ckpt
 
-Error = _ckpt.Error
+Error = CkptdError  # every error of the daemon and libckpt (ckptd/errors.py)
 DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
 
 # Element types by their safetensors names; the keys are the str() of torch
@@ -148,9 +159,24 @@ class Client:
     def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
                  socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0):
         self.rank = rank
-        self._client = _ckpt.Client(socket, job, rank, world_size, node, local_world_size)
+        self.job = job
+        self.socket = socket
+        self._connect_args = (socket, job, rank, world_size, node, local_world_size)
+        self._client = _ckpt.Client(*self._connect_args)
+        # Counts connections: ids (regions, layouts) of an older one are void.
+        self.generation = 0
         self._regions = {}  # (address, length) -> region id
         self._layouts = {}  # items key -> layout id
+
+    def _connection(self):
+        """The binding's client, connected anew if the daemon that made the
+        session is gone (restarted, or stopped: then DaemonUnavailable)."""
+        if not self._client.alive():
+            self._client = _ckpt.Client(*self._connect_args)
+            self.generation += 1
+            self._regions = {}
+            self._layouts = {}
+        return self._client
 
     def save(self, checkpoint: str, state_dict: Mapping[str, Any], *,
              byte_items: Optional[Mapping[str, bytes]] = None,
@@ -160,6 +186,7 @@ class Client:
         `replicas` applies to plain tensors: the ranks that hold identical
         copies of them (all ranks, for DDP); default this rank alone.
         """
+        self._connection()
         items = self._items(state_dict, replicas)
         handle = self._submit(checkpoint, items, dict(byte_items or {}))
         return SaveHandle(handle, [getattr(v, "tensor", v) for v in state_dict.values()])
@@ -176,17 +203,30 @@ class Client:
             self._layouts[key] = layout
         return self._client.save(checkpoint, layout, byte_items)
 
+    def _load(self, checkpoint: str, items: list, byte_items: list, allow_missing: bool):
+        """The binding's load, with a missing checkpoint said in full."""
+        try:
+            return self._connection().load(checkpoint, items, byte_items, allow_missing)
+        except CheckpointNotFound as e:
+            try:
+                committed = [c["checkpoint"] for c in self._client.list() if c["committed"]]
+            except CkptdError:
+                committed = None
+            raise _errors.checkpoint_not_found(self.job, checkpoint, str(e),
+                                               committed) from None
+
     def load(self, checkpoint: str, state_dict: Mapping[str, Any], *,
              byte_items: Iterable[str] = (), allow_missing: bool = False) -> dict:
         """Fills the state dict's tensors in place from `checkpoint` (a name or
         "latest"), whatever sharding saved it. Returns {checkpoint, byte_items,
         missing, source, bytes_read}."""
+        self._connection()
         items = self._items(state_dict, None)
-        return self._client.load(checkpoint, items, list(byte_items), allow_missing)
+        return self._load(checkpoint, items, list(byte_items), allow_missing)
 
     def list(self) -> list:
         """This job's checkpoints: {checkpoint, committed, latest, total_bytes}."""
-        return self._client.list()
+        return self._connection().list()
 
     def _region(self, address: int, length: int) -> int:
         region = self._regions.get((address, length))

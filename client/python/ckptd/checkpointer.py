@@ -1,52 +1,107 @@
 """Checkpointer: one rank's DCP-shaped saves and loads through ckptd.
 
 Owns the connection to the node's daemon (a ckptd.Client), the buffers of
-pickled values (values.ValueBuffers) and the replica exchange over the
-process group. ckptd.torch's functions keep one per (job, socket, group).
+pickled values (values.ValueBuffers), the copy buffers of small and
+non-contiguous tensors, and the replica exchange over the process group.
+ckptd.torch's functions keep one per (job, socket, group).
 
 A save, on the caller's thread:
   1. waits until the previous save of this checkpointer is STAGED (its
-     value buffers are about to be rewritten; normally long done);
-  2. flattens the state dict to DCP's fqns and sorts the leaves into
-     tensors and values; finds tensors that share storage (saved once);
-  3. exchanges descriptions of the plain leaves with the group (one small
-     collective; replica_exchange.py), which gives every plain tensor and
-     value its replica set, or fails every rank with the same error;
-  4. builds the tensor items: each tensor's memory is its storage,
-     registered once as a region, at the tensor's offset; a non-contiguous
-     tensor is copied to a contiguous one first; an empty tensor (an FSDP
-     rank's empty shard) has no item but the rank still saves;
-  5. submits the save (a layout id once the items were seen before) and
-     returns an AsyncSaveResponse that holds every tensor until STAGED.
+     value and copy buffers are about to be rewritten; normally long done);
+  2. checks the state dict against the plan of the previous save in one C++
+     call (_state_cache.StateCache, state_cache_module.cc: same structure,
+     same tensors' memory); on a match it has copied the small tensors into
+     their buffers and returns the tensors to keep alive and the values;
+  3. otherwise plans afresh (_plan): flattens the state dict to DCP's fqns,
+     sorts the leaves into tensors and values, finds tensors that share
+     storage (saved once), decides which tensors are saved from their own
+     memory and which through a copy buffer, registers the memory, builds
+     the items and defines their layout with the daemon;
+  4. pickles the values into their buffers;
+  5. exchanges a digest of its leaves with the group (one small collective,
+     replica_exchange.py), which gives every plain tensor and value its
+     replica set, or fails every rank with the same error;
+  6. submits the save under the plan's layout and returns an
+     AsyncSaveResponse that holds every tensor the daemon reads until
+     STAGED.
 
-Errors after step 3 (the daemon refusing the save, a failed commit) reach
+With the plan matched, steps 2-6 cost one C++ check, one pickle per value
+and the save RPC: about the C++ client's own save call (docs/BENCHMARKS.md).
+
+Which tensors are copied: those of at most COPY_MAX_BYTES (AdamW's step
+scalars, a fresh torch.get_rng_state() every save: copied, any new tensor of
+the same shape and dtype fits the plan) as long as the copies stay within
+COPY_TOTAL_BYTES, and every non-contiguous one. The copy is taken at the
+save call, so its bytes are those of that moment. Tensors that share
+storage with another leaf are never copied (the aliases are found from
+their memory).
+
+Errors after step 5 (the daemon refusing the save, a failed commit) reach
 the caller through the futures, as DCP's do.
 
 Thread-safety: one thread at a time (the training loop's); the responses'
 futures may be waited on from anywhere.
 """
 
+import dataclasses
 import os
+import pickle
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 import ckptd
+from ckptd import _state_cache
 from ckptd import flatten as flatten_mod
 from ckptd import values as values_mod
-from ckptd.index import INDEX_FQN, Index
+from ckptd.index import INDEX_FQN, Alias, Index
 from ckptd.replica_exchange import ReplicaExchange, describe_tensor
-from ckptd.save_response import AsyncSaveResponse
+from ckptd.save_response import AsyncSaveResponse, SaveWatcher
 from ckptd.storage_sharing import find_aliases
 from ckptd.tensor_entry import DTYPE_NAMES, TensorEntry, split_leaves
 
 # Plain tensors up to this many bytes are hashed to check that replicas
 # agree (replica_exchange.py); the AdamW step scalars, biases, norms.
 DEFAULT_CHECK_BYTES = 1 << 20
+# Tensors copied into the checkpointer's buffers at the save call (see the
+# module comment): up to this size each, this much in all.
+COPY_MAX_BYTES = 8 << 10
+COPY_TOTAL_BYTES = 4 << 20
+_ALIGN = 64  # of each copy in the arena: any dtype's alignment
 
 
 def default_job() -> str:
     return os.environ.get("CKPTD_JOB", "default")
+
+
+def _replicas(holders, fqn: str) -> List[int]:
+    """The holders of `fqn` from ReplicaExchange.exchange's answer."""
+    return list(holders) if isinstance(holders, tuple) else sorted(set(holders[fqn]))
+
+
+def _dtensor_type():
+    from torch.distributed.tensor import DTensor
+    return DTensor
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What saving one structure of state dict takes besides its bytes."""
+
+    cache: Optional[Any]          # _state_cache.StateCache, None: uncacheable
+    generation: int               # the ckptd.Client connection it was made on
+    value_fqns: List[str]         # the value leaves, in walk order
+    structure: Dict[str, tuple]   # replica_exchange descriptions, no digests
+    checked: List[torch.Tensor]   # plain tensors whose bytes replicas compare
+    aliases: Dict[str, Alias]
+    items: List[dict]             # tensor items, then value items
+    value_item: Dict[str, int]    # fqn -> index into items
+    holders: Any                  # the exchange's (replica_exchange.py) in items
+    layout: Optional[int] = None
+    structure_key: Optional[bytes] = None
+    buffers: Any = None           # the copy buffers, owned
+    index_key: Any = None         # (values, aliases) the index bytes encode
+    index_bytes: bytes = b""
 
 
 class Checkpointer:
@@ -76,6 +131,8 @@ class Checkpointer:
         self._check_bytes = check_bytes
         self._buffers = values_mod.ValueBuffers()
         self._last: Optional[AsyncSaveResponse] = None
+        self._plan: Optional[_Plan] = None
+        self._watcher = SaveWatcher(self.job)
 
     # -- save ---------------------------------------------------------------
 
@@ -85,35 +142,51 @@ class Checkpointer:
                 self._last.staging_completion.result()
             except Exception:  # noqa: BLE001 - that save's caller sees it
                 pass
+            self._last = None
+        plan, keep, values, error, raised = None, None, None, None, None
         try:
-            tensors, values, aliases, error = self._prepare(state_dict)
-            local = self._describe(tensors, values, aliases)
-            holders, merged = self._exchange.exchange(local, error)
+            connection = self.client._connection()  # reconnects to a new daemon
+            plan = self._plan
+            matched = None
+            if (plan is not None and plan.cache is not None
+                    and plan.generation == self.client.generation):
+                matched = plan.cache.match(state_dict)
+            if matched is None:
+                plan, keep, value_leaves = self._new_plan(state_dict)
+            else:
+                keep, value_leaves = matched
+            values = self._encode(plan, value_leaves)
+        except ValueError as e:
+            error = str(e)  # the peers learn it in the exchange, and fail too
+        except ckptd.Error as e:
+            error, raised = f"rank {self.rank}: {e}", e
+        try:
+            holders, merged = self._exchange.exchange(
+                error, lambda: self._key(plan, values),
+                lambda: self._detailed(state_dict, plan, values))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
-            # reaches this same verdict, and none submits.
-            return AsyncSaveResponse.failed(checkpoint_id, e)
-        keep: List[Any] = []
-        items = [self._tensor_item(fqn, e, holders, keep)
-                 for fqn, e in sorted(tensors.items()) if fqn not in aliases]
-        index = Index()
-        for fqn, (data, _) in sorted(values.items()):
-            buf = self._buffers.fill(fqn, data)
-            items.append(self._buffer_item(fqn, buf, holders[fqn]))
-        self._buffers.forget_except(values)
-        for fqn, d in merged.items():  # every rank's, for any loading rank
-            if d[0] == "value":
-                index.values[fqn] = (d[1], d[2])
-            elif d[0] == "alias":
-                index.aliases[fqn] = d[1]
-        index.aliases.update(aliases)
-        items = [i for i in items if i is not None]
+            # reaches this same verdict, and none submits. This rank's own
+            # daemon error keeps its class (DaemonUnavailable, ...).
+            self._plan = None
+            return AsyncSaveResponse.failed(checkpoint_id, raised or e)
         response = AsyncSaveResponse(checkpoint_id)
         try:
-            handle = self.client._submit(checkpoint_id, items, {INDEX_FQN: index.encode()})
+            if holders != plan.holders:
+                # Other holders than planned (ranks joined or left an fqn):
+                # the items' replica sets change, and so the layout.
+                self._set_holders(plan, holders)
+            self._fill_values(plan, values)
+            index = self._index(plan, values, merged)
+            handle = connection.save(checkpoint_id, plan.layout, {INDEX_FQN: index})
         except ckptd.Error as e:
+            self._plan = None
             return AsyncSaveResponse.failed(checkpoint_id, e)
-        response._watch(handle, keep)
+        self._plan = plan
+        # The copy buffers are the plan's and stay alive with it; the
+        # response holds the tensors read in place (and the plan, should the
+        # next save replace it before this one is staged).
+        self._watcher.watch(response, handle, (keep, plan), self.client.socket)
         self._last = response
         return response
 
@@ -121,54 +194,167 @@ class Checkpointer:
         """Saves and returns once the checkpoint is committed."""
         self.async_save(state_dict, checkpoint_id=checkpoint_id).upload_completion.result()
 
-    def _prepare(self, state_dict):
-        """(tensors, {fqn: (pickled, digest)}, aliases, error message)."""
-        try:
-            leaves, _ = flatten_mod.flatten(state_dict)
-            tensors, raw_values = split_leaves(leaves)
-            aliases = find_aliases(tensors, DTYPE_NAMES)
-            values = {}
-            for fqn, v in raw_values.items():
-                try:
-                    data = values_mod.encode(v)
-                except Exception as e:  # noqa: BLE001 - pickling fails many ways
-                    raise ValueError(f"{fqn}: cannot pickle {type(v).__name__}: {e}") from None
-                values[fqn] = (data, values_mod.digest(data))
-            return tensors, values, aliases, None
-        except ValueError as e:
-            return {}, {}, {}, str(e)
-
-    def _describe(self, tensors, values, aliases) -> Dict[str, tuple]:
-        local = {}
+    def _new_plan(self, state_dict) -> Tuple[_Plan, list, list]:
+        """Plans the save of `state_dict` (raises ValueError naming the fqn
+        on input the daemon cannot hold); returns (plan, tensors to keep
+        alive, value leaves in walk order)."""
+        leaves, _ = flatten_mod.flatten(state_dict)
+        tensors, raw_values = split_leaves(leaves)
+        aliases = find_aliases(tensors, DTYPE_NAMES)
+        sharing = set(aliases) | {a.base for a in aliases.values()}
+        # Which tensors go through a copy buffer; the arena holds the small ones.
+        copied: Dict[str, Tuple[int, int]] = {}  # fqn -> (arena offset, bytes) or (-1, _)
+        arena_bytes = 0
         for fqn, e in tensors.items():
+            t = e.local
+            nbytes = t.numel() * t.element_size()
+            if fqn in sharing or nbytes == 0:
+                continue
+            if nbytes <= COPY_MAX_BYTES and arena_bytes + nbytes <= COPY_TOTAL_BYTES:
+                copied[fqn] = (arena_bytes, nbytes)
+                arena_bytes += -(-nbytes // _ALIGN) * _ALIGN
+            elif not t.is_contiguous():
+                copied[fqn] = (-1, nbytes)
+        arena = torch.empty(max(arena_bytes, 1), dtype=torch.uint8)
+        dest: Dict[str, torch.Tensor] = {}
+        for fqn, (offset, nbytes) in copied.items():
+            t = tensors[fqn].local
+            if offset < 0:
+                dest[fqn] = torch.empty(t.shape, dtype=t.dtype)
+            else:
+                dest[fqn] = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
+            dest[fqn].copy_(t)
+        generation = self.client.generation
+        keep, checked, structure, cache_leaves = [], [], {}, []
+        items: List[dict] = []
+        for fqn, leaf in leaves.items():
+            e = tensors.get(fqn)
+            if e is None:
+                cache_leaves.append((_state_cache.VALUE, False, None))
+                continue
+            is_checked = (e.replicas is None and fqn not in aliases
+                          and e.local.numel() * e.local.element_size() <= self._check_bytes)
+            memory = dest.get(fqn)
+            if memory is None:
+                memory = e.local
+                keep.append(e.local)
+                cache_leaves.append((_state_cache.REFERENCED, is_checked, None))
+            else:
+                cache_leaves.append((_state_cache.COPIED, is_checked, memory))
+            if is_checked:
+                checked.append(memory)
             if fqn in aliases:
-                local[fqn] = ("alias", aliases[fqn])
-            elif e.replicas is None:  # plain: replicas found by the exchange
-                local[fqn] = describe_tensor(e.local, DTYPE_NAMES[str(e.local.dtype)],
-                                             self._check_bytes)
+                structure[fqn] = ("alias", aliases[fqn])
+            elif e.replicas is None:
+                structure[fqn] = ("tensor", DTYPE_NAMES[str(e.local.dtype)], tuple(e.local.shape))
+            if fqn not in aliases and memory.numel() != 0:
+                items.append(self._memory_item(fqn, memory))
+                items[-1].update(global_shape=list(e.global_shape), offsets=list(e.offsets),
+                                 replicas=None if e.replicas is None
+                                 else sorted(set(e.replicas)))
+        try:
+            cache = _state_cache.StateCache(state_dict, cache_leaves, _dtensor_type(),
+                                            ckptd.Shard)
+        except ValueError:
+            cache = None  # a structure the C++ walk does not check: plan every save
+        plan = _Plan(cache=cache, generation=generation, value_fqns=list(raw_values),
+                     structure=structure, checked=checked, aliases=aliases, items=items,
+                     value_item={}, holders=None, buffers=(arena, dest))
+        return plan, keep, list(raw_values.values())
+
+    def _encode(self, plan: _Plan, value_leaves: list) -> Dict[str, Tuple[bytes, bytes]]:
+        """{fqn: (pickled, digest)}; digests only where replicas compare them."""
+        compare = self._exchange.compares
+        values = {}
+        for fqn, v in zip(plan.value_fqns, value_leaves):
+            try:
+                data = values_mod.encode(v)
+            except Exception as e:  # noqa: BLE001 - pickling fails many ways
+                raise ValueError(f"{fqn}: cannot pickle {type(v).__name__}: {e}") from None
+            values[fqn] = (data, values_mod.digest(data) if compare else b"")
+        return values
+
+    def _local(self, plan: _Plan, values) -> Dict[str, tuple]:
+        local = dict(plan.structure)
         for fqn, (data, digest) in values.items():
             local[fqn] = ("value", values_mod.capacity(len(data)), len(data), digest)
         return local
 
-    def _tensor_item(self, fqn: str, e: TensorEntry, holders, keep) -> Optional[dict]:
-        t = e.local
-        if t.numel() == 0:
-            return None  # nothing to write; an empty region cannot exist
-        if not t.is_contiguous():
-            t = t.contiguous()
-        keep.append(e.local)
-        keep.append(t)
-        replicas = holders[fqn] if e.replicas is None else e.replicas
-        item = self._memory_item(fqn, t)
-        item.update(global_shape=list(e.global_shape), offsets=list(e.offsets),
-                    replicas=sorted(set(replicas)))
-        return item
+    def _key(self, plan: _Plan, values) -> bytes:
+        """What ranks compare first (replica_exchange.py): the structure, the
+        values, the checked tensors' bytes as this save holds them."""
+        if plan.structure_key is None:
+            plan.structure_key = values_mod.digest(
+                pickle.dumps(sorted(plan.structure.items()), protocol=4))
+        checked = (plan.cache.digest() if plan.cache is not None
+                   else _state_cache.digest_tensors(plan.checked))
+        described = sorted((fqn, values_mod.capacity(len(data)), len(data), digest)
+                           for fqn, (data, digest) in values.items())
+        return pickle.dumps((plan.structure_key, described, checked), protocol=4)
+
+    def _detailed(self, state_dict, plan: _Plan, values) -> Dict[str, tuple]:
+        """Descriptions with each checked tensor's own digest: what ranks
+        exchange when their digests differ, to name the fqn."""
+        leaves, _ = flatten_mod.flatten(state_dict)
+        tensors, _ = split_leaves(leaves)
+        local = self._local(plan, values)
+        for fqn, d in plan.structure.items():
+            if d[0] == "tensor":
+                local[fqn] = describe_tensor(tensors[fqn].local, d[1], self._check_bytes)
+        return local
+
+    def _set_holders(self, plan: _Plan, holders) -> None:
+        for item in plan.items:
+            if item["fqn"] in plan.structure or item["fqn"] in plan.value_item:
+                item["replicas"] = _replicas(holders, item["fqn"])
+        plan.holders = holders
+        plan.layout = None
+
+    def _fill_values(self, plan: _Plan, values) -> None:
+        """Pickled values into their buffers; a value that outgrew its
+        buffer gets a new one, and the plan a new layout."""
+        for fqn, (data, _) in values.items():
+            buf = self._buffers.fill(fqn, data)
+            at = plan.value_item.get(fqn)
+            if at is not None and plan.items[at]["address"] == buf.ctypes.data \
+                    and plan.items[at]["length"] == buf.nbytes:
+                continue
+            item = self._buffer_item(fqn, buf, _replicas(plan.holders, fqn))
+            if at is None:
+                plan.value_item[fqn] = len(plan.items)
+                plan.items.append(item)
+            else:
+                plan.items[at] = item
+            plan.layout = None
+        if len(values) != len(plan.value_item):
+            self._buffers.forget_except(values)
+        if plan.layout is None:
+            plan.layout = self.client._connection().define_layout(
+                [{k: v for k, v in i.items() if k != "address"} for i in plan.items])
+
+    def _index(self, plan: _Plan, values, merged) -> bytes:
+        """The index byte item: every rank's values and aliases (merged is
+        None when every rank holds the same leaves: then they are ours)."""
+        if merged is None:
+            index_values = {fqn: (values_mod.capacity(len(data)), len(data))
+                            for fqn, (data, _) in values.items()}
+            aliases = plan.aliases
+        else:
+            index_values = {fqn: (d[1], d[2]) for fqn, d in merged.items() if d[0] == "value"}
+            aliases = {fqn: d[1] for fqn, d in merged.items() if d[0] == "alias"}
+            aliases.update(plan.aliases)
+        key = (index_values, aliases)
+        if key != plan.index_key:
+            plan.index_key = key
+            plan.index_bytes = Index(values=index_values, aliases=aliases).encode()
+        return plan.index_bytes
 
     def _buffer_item(self, fqn: str, buf, replicas) -> dict:
         region = self.client._region(buf.ctypes.data, buf.nbytes)
         return {"fqn": fqn, "dtype": "U8", "global_shape": [buf.size], "offsets": [0],
                 "local_shape": [buf.size], "region": region, "offset": 0,
-                "length": buf.nbytes, "replicas": sorted(set(replicas))}
+                "length": buf.nbytes, "replicas": sorted(set(replicas)),
+                "address": buf.ctypes.data}
 
     def _memory_item(self, fqn: str, t: torch.Tensor) -> dict:
         """The item of contiguous `t`, its memory named by its storage."""
@@ -187,7 +373,7 @@ class Checkpointer:
         newest committed), whatever sharding saved it: tensors are written
         into, Python values are replaced by the saved ones. Returns the
         checkpoint's name."""
-        first = self.client._client.load(checkpoint_id, [], [INDEX_FQN], True)
+        first = self.client._load(checkpoint_id, [], [INDEX_FQN], True)
         name = first["checkpoint"]
         index = Index.decode(first["byte_items"].get(INDEX_FQN))
         leaves, paths = flatten_mod.flatten(state_dict)
@@ -239,7 +425,7 @@ class Checkpointer:
         if missing_values and not allow_missing:
             raise ckptd.Error(f"NOT_FOUND: values {missing_values} are not in "
                               f"{self.job}/{name}")
-        result = self.client._client.load(name, items, [], allow_missing)
+        result = self.client._load(name, items, [], allow_missing)
         skipped = set(result["missing"])
         for kind, fqn, *rest in after:  # fqn: the stored item it needs
             if fqn in skipped:

@@ -14,7 +14,10 @@ every save would cost the trainer what ckptd saves it). Ranks then:
 
 1. all-gather one 16-byte digest of their whole description (one small
    collective, the common case: every rank holds the same leaves with the
-   same bytes, so every leaf is held by the whole group);
+   same bytes, so every leaf is held by the whole group). The digest covers
+   the structure (a digest kept with the save plan), the values' digests,
+   and one XXH3 of every checked tensor's bytes in fqn order, computed in
+   C++ (`_state_cache`), so it costs no Python work per tensor;
 2. only if those differ, all-gather the descriptions themselves and find,
    per fqn, its holders, and whether they disagree.
 
@@ -33,7 +36,7 @@ issues the group's other collectives (as for any torch.distributed call).
 """
 
 import pickle
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -77,22 +80,36 @@ class ReplicaExchange:
         self._device = (torch.device("cuda", torch.cuda.current_device())
                         if "nccl" in backend else torch.device("cpu"))
 
-    def exchange(self, local: Descriptions, error: Optional[str]
-                 ) -> Tuple[Dict[str, List[int]], Descriptions]:
-        """({fqn: holders (global ranks)}, {fqn: the holders' description})
-        over every rank's leaves. Raises SaveInputError if any rank's input
-        is bad, ReplicaMismatchError if holders of an fqn disagree."""
-        if self._dist is None or len(self.ranks) == 1:
+    @property
+    def compares(self) -> bool:
+        """Whether other ranks take part (else nothing is compared)."""
+        return self._dist is not None and len(self.ranks) > 1
+
+    def exchange(self, error: Optional[str], key: Callable[[], bytes],
+                 detailed: Callable[[], Descriptions]
+                 ) -> Tuple[Union[Tuple[int, ...], Dict[str, List[int]]], Optional[Descriptions]]:
+        """Who holds each of this rank's plain leaves, over every rank's.
+
+        `key()` digests this rank's leaves (structure, values, checked
+        bytes); `detailed()` describes each leaf (tensors with their own
+        digest). Returns (holders, merged): holders is a tuple of ranks when
+        every rank holds exactly the same leaves with the same bytes (each
+        leaf is then held by all of them; merged is None: the local
+        descriptions are everyone's), else {fqn: holders (global ranks)}
+        with merged = {fqn: the holders' description} over every rank's
+        leaves. Raises SaveInputError if any rank's input is bad,
+        ReplicaMismatchError if holders of an fqn disagree."""
+        if not self.compares:
             if error is not None:
                 raise SaveInputError(error)
-            return {fqn: [self.rank] for fqn in local}, dict(local)
-        mine = (error, sorted(local.items()))
-        key = values_mod.digest(pickle.dumps(mine, protocol=4))
-        keys = self._all_gather_key(key)
-        if error is None and all(k == key for k in keys):
-            return {fqn: list(self.ranks) for fqn in local}, dict(local)
+            return tuple(self.ranks), None
+        mine = values_mod.digest(pickle.dumps((error, None if error else key()), protocol=4))
+        keys = self._all_gather_key(mine)
+        if error is None and all(k == mine for k in keys):
+            return tuple(self.ranks), None
         gathered = [None] * len(self.ranks)
-        self._dist.all_gather_object(gathered, mine, group=self._group)
+        local = (error, [] if error else sorted(detailed().items()))
+        self._dist.all_gather_object(gathered, local, group=self._group)
         return _merge(dict(zip(self.ranks, gathered)))
 
     def _all_gather_key(self, key: bytes) -> List[bytes]:

@@ -3,65 +3,69 @@
 - staging_completion resolves once the daemon has copied every byte of this
   rank out (STAGED): from then on the caller may mutate or free the saved
   tensors. Until then the response itself holds a reference to every tensor
-  (and contiguous copy) the daemon reads, so their storage stays alive
-  whatever the caller does with its state dict.
+  the daemon reads, so their storage stays alive whatever the caller does
+  with its state dict.
 - upload_completion resolves once the checkpoint is COMMITTED (every rank's
   part durable, COMMIT written); it fails if the save fails, with the
-  daemon's reason.
+  daemon's reason (ckptd.errors.SaveFailed), or with DaemonUnavailable if
+  the daemon went away before the save finished (libckpt's progress stream
+  ends when the daemon's process does).
 
-One watcher thread per save waits on the daemon (the binding releases the
-GIL while it waits) and resolves the futures; a failure before STAGED fails
-both.
+A SaveWatcher (one per Checkpointer, two threads started on its first save)
+waits on the daemon for the responses and resolves their futures: a thread
+per save would cost the save call a thread start (~1 ms on a loaded
+machine). Staging waits run one at a time, in order: a checkpointer submits
+a save only once the previous one is STAGED. Commit waits run in order on
+the second thread, so a commit never delays a later save's staging. Both
+threads wait in the binding without the GIL.
 
-Thread-safety: the futures are concurrent.futures.Future (thread-safe); the
-watcher thread alone touches the save handle after construction.
+Thread-safety: the futures are concurrent.futures.Future (thread-safe); a
+watcher thread alone touches a save handle after submission.
 """
 
 import concurrent.futures
+import queue
 import threading
-from typing import Any, List, Optional
+from typing import Any, Optional
+
+from ckptd import errors
 
 
 class AsyncSaveResponse:
     """Returned by ckptd.torch.async_save; fields as DCP's AsyncSaveResponse."""
 
+    __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
+                 "_keep_alive", "_handle", "_socket")
+
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
         self.staging_completion: concurrent.futures.Future = concurrent.futures.Future()
         self.upload_completion: concurrent.futures.Future = concurrent.futures.Future()
-        self._keep_alive: Optional[List[Any]] = None
+        self._keep_alive: Optional[Any] = None
         self._handle = None
+        self._socket = None
 
     @classmethod
     def failed(cls, checkpoint_id: str, error: BaseException) -> "AsyncSaveResponse":
         response = cls(checkpoint_id)
-        response.staging_completion.set_exception(error)
-        response.upload_completion.set_exception(error)
+        response._fail(error)
         return response
 
-    def _watch(self, handle, keep_alive: List[Any]) -> None:
-        """Starts the watcher of `handle` (a ckptd._ckpt.SaveHandle)."""
-        self._handle = handle
-        self._keep_alive = keep_alive
-        threading.Thread(target=self._run, name=f"ckptd-save-{self.checkpoint_id}",
-                         daemon=True).start()
+    def _fail(self, error: BaseException) -> None:
+        self._keep_alive = None
+        for future in (self.staging_completion, self.upload_completion):
+            if not future.done():
+                future.set_exception(error)
 
-    def _run(self) -> None:
-        try:
-            self._handle.wait_staged()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            self._keep_alive = None
-            self.staging_completion.set_exception(e)
-            self.upload_completion.set_exception(e)
-            return
-        self._keep_alive = None  # the daemon has its copy
-        self.staging_completion.set_result(None)
-        try:
-            self._handle.wait_committed()
-        except BaseException as e:  # noqa: BLE001
-            self.upload_completion.set_exception(e)
-            return
-        self.upload_completion.set_result(None)
+    def _explain(self, error: BaseException) -> BaseException:
+        """A lost daemon, said in the user's terms."""
+        if isinstance(error, errors.DaemonUnavailable):
+            return errors.DaemonUnavailable(
+                f"the ckptd daemon at {self._socket} went away before save "
+                f"{self.checkpoint_id!r} finished; this save is lost, the previous "
+                f"committed checkpoint is intact, and the next call reconnects "
+                f"({error})")
+        return error
 
     def progress(self) -> dict:
         """The daemon's view of this rank's part ({} for a save refused
@@ -71,3 +75,46 @@ class AsyncSaveResponse:
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
+
+
+class SaveWatcher:
+    """Resolves the futures of one checkpointer's saves."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._staging: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._commits: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._started = False
+
+    def watch(self, response: AsyncSaveResponse, handle, keep_alive, socket) -> None:
+        response._handle = handle
+        response._keep_alive = keep_alive
+        response._socket = socket
+        if not self._started:
+            self._started = True
+            for target, q in ((self._stage, self._staging), (self._commit, self._commits)):
+                threading.Thread(target=target, args=(q,), name=f"ckptd-{self._name}",
+                                 daemon=True).start()
+        self._staging.put(response)
+
+    def _stage(self, q) -> None:
+        while True:
+            r = q.get()
+            try:
+                r._handle.wait_staged()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                r._fail(r._explain(e))
+                continue
+            r._keep_alive = None  # the daemon has its copy
+            r.staging_completion.set_result(None)
+            self._commits.put(r)
+
+    def _commit(self, q) -> None:
+        while True:
+            r = q.get()
+            try:
+                r._handle.wait_committed()
+            except BaseException as e:  # noqa: BLE001
+                r.upload_completion.set_exception(r._explain(e))
+                continue
+            r.upload_completion.set_result(None)

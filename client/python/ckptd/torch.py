@@ -34,11 +34,14 @@ Thread-safety: call from one thread (the training loop's).
 from typing import Dict, Optional, Tuple
 
 from ckptd.checkpointer import Checkpointer, default_job
+from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, SaveFailed,
+                          StateMismatch)
 from ckptd.replica_exchange import ReplicaMismatchError, SaveInputError
 from ckptd.save_response import AsyncSaveResponse
 
 __all__ = ["async_save", "save", "load", "checkpointer", "Checkpointer",
-           "AsyncSaveResponse", "ReplicaMismatchError", "SaveInputError"]
+           "AsyncSaveResponse", "ReplicaMismatchError", "SaveInputError", "CkptdError",
+           "DaemonUnavailable", "CheckpointNotFound", "StateMismatch", "SaveFailed"]
 
 _checkpointers: Dict[Tuple, Checkpointer] = {}
 
