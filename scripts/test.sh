@@ -7,17 +7,19 @@
 # the first ctest only (e.g. -R pattern).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
-# The lock annotations are checked by a second, clang build (gcc ignores them).
-scripts/check-thread-safety.sh
 # The format tests read checkpoints with the project venv's packages, stock
 # PyTorch included (installed here, not by the setup: the demo needs none).
+# Before the build: ckptd._state_cache is built against that torch, and
+# CMake looks for it when it configures.
 if [ ! -x .venv/bin/python ]; then
   echo "test.sh: no .venv here; run scripts/setup-debian.sh first" >&2
   exit 1
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   -r scripts/requirements-test.txt -r scripts/requirements-dcp.txt
+scripts/build.sh
+# The lock annotations are checked by a second, clang build (gcc ignores them).
+scripts/check-thread-safety.sh
 (cd build && ctest --output-on-failure -j1 "$@")
 if [ "${CKPT_SANITIZERS:-1}" != 0 ]; then
   scripts/check-sanitizers.sh

@@ -51,7 +51,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 import ckptd
-from ckptd import _state_cache
+try:
+    from ckptd import _state_cache
+except ImportError as e:  # built before torch was in this Python
+    raise ImportError(
+        "ckptd._state_cache is missing: it is built against torch, and torch was "
+        "not installed for this Python when ckptd was configured; install torch, "
+        "then re-run scripts/build.sh (scripts/test.sh installs it first)") from e
 from ckptd import flatten as flatten_mod
 from ckptd import values as values_mod
 from ckptd.index import INDEX_FQN, Alias, Index
