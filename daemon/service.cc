@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/daemon_metrics.h"
+#include "common/log.h"
 #include "common/names.h"
 #include "common/save_phase.h"
 #include "common/status.h"
@@ -53,6 +54,8 @@ grpc::ServerUnaryReactor* WithSession(const CkptdService::Components& c,
   absl::StatusOr<std::shared_ptr<Session>> session =
       FindSession(c, *context, request.session_token());
   if (!session.ok()) return Finish(context, session.status());
+  // Whatever the handler logs names the trainer.
+  const ScopedLogFields trainer((*session)->log_fields());
   return handle(*session);
 }
 
@@ -123,6 +126,22 @@ grpc::ServerUnaryReactor* FinishOnIoWorker(IoWorkers* workers,
     reactor->Finish(ToGrpcStatus(work()));
   });
   return reactor;
+}
+
+// One line per load, as it is answered.
+void LogLoad(LogFields fields, const absl::StatusOr<v1::LoadResponse>& result,
+             absl::Duration took) {
+  fields.Set("elapsed_ms", absl::ToInt64Milliseconds(took));
+  if (!result.ok()) {
+    LogWarning(fields, "load failed: ", result.status().ToString());
+    return;
+  }
+  // "latest" resolved: the line names what was loaded.
+  fields.Checkpoint(result->checkpoint())
+      .Set("source", result->source())
+      .Set("bytes_read", result->bytes_read())
+      .Set("missing", result->missing_size());
+  LogInfo(fields, "loaded");
 }
 
 // VmHWM of this process, in bytes; 0 if /proc cannot be read.
@@ -324,11 +343,22 @@ grpc::ServerUnaryReactor* CkptdService::Save(
   const ScopedLatency handling(DaemonMetrics::Get().save_call_seconds);
   return WithSession(c_, context, *request,
                      [&](const std::shared_ptr<Session>& session) {
-                       absl::Status allowed =
-                           MayUseJob(*c_.store, *session, request->job());
-                       if (!allowed.ok()) return Finish(context, allowed);
-                       auto id = c_.saves->Submit(session, *request);
-                       if (id.ok()) response->set_save_id(*id);
+                       auto submit = [&]() -> absl::StatusOr<uint64_t> {
+                         RETURN_IF_ERROR(
+                             MayUseJob(*c_.store, *session, request->job()));
+                         return c_.saves->Submit(session, *request);
+                       };
+                       const absl::StatusOr<uint64_t> id = submit();
+                       if (id.ok()) {
+                         response->set_save_id(*id);
+                       } else {
+                         // Accepted saves are logged with their phases
+                         // (save/save_progress_board.cc).
+                         LogInfo(LogFields()
+                                     .Job(request->job())
+                                     .Checkpoint(request->checkpoint()),
+                                 "save refused: ", id.status().ToString());
+                       }
                        return Finish(context, id.status());
                      });
 }
@@ -379,17 +409,20 @@ grpc::ServerUnaryReactor* CkptdService::Load(
         absl::Status allowed = MayUseJob(*c_.store, *session, request->job());
         if (!allowed.ok()) return Finish(context, allowed);
         grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+        LogFields fields = session->log_fields();
+        fields.Job(request->job()).Checkpoint(request->checkpoint());
         c_.loader->Start(
             session, *request,
             [reactor, response, paged = request->page_byte_items(),
-             max_bytes = c_.options->max_request_bytes](
-                absl::StatusOr<v1::LoadResponse> result) {
+             max_bytes = c_.options->max_request_bytes, fields,
+             started = absl::Now()](absl::StatusOr<v1::LoadResponse> result) {
               // Byte items past the message limit go in later pages
               // (daemon/response_pages.h).
               if (result.ok()) {
                 absl::Status fits = FitLoadResponse(paged, max_bytes, &*result);
                 if (!fits.ok()) result = fits;
               }
+              LogLoad(fields, result, absl::Now() - started);
               if (result.ok()) *response = *std::move(result);
               reactor->Finish(ToGrpcStatus(result.status()));
             });

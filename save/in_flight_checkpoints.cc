@@ -164,7 +164,7 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
   progress.set_total_bytes(total);
   progress.set_accepted_unix_micros(NowMicros());
   progress.set_ranks_submitted(entry.parts.size());
-  board_->Add(part->session_id, progress, out);
+  board_->Add(part->session_id, session.pid(), progress, out);
   for (const auto& [rank, other] : entry.parts) {
     if (other == part) continue;
     board_->Update(
@@ -194,8 +194,14 @@ InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
       result.node_durable =
           ++entry.durable_parts == entry.checkpoint->local_ranks;
     } else {
-      LogWarning("save ", part.id, " of ", entry.checkpoint->key, " rank ",
-                 part.rank, ": ", status.ToString());
+      // The cause; every part's line for the phase it ends in follows.
+      LogWarning(LogFields()
+                     .Job(entry.checkpoint->job)
+                     .Checkpoint(entry.checkpoint->name)
+                     .Session(part.session_id)
+                     .Rank(part.rank)
+                     .Set("save", part.id),
+                 "part failed: ", status.ToString());
       DaemonMetrics::Get().CountError(status);  // the error that ends it
       EndLocked(
           entry,
@@ -452,8 +458,7 @@ void InFlightCheckpoints::EndLocked(Entry& entry, v1::Phase phase,
                                     std::string reason, ListenerCalls* out) {
   entry.final_phase = phase;
   entry.reason = std::move(reason);
-  LogWarning("checkpoint ", entry.checkpoint->key, " ", v1::Phase_Name(phase),
-             ": ", entry.reason);
+  // Logged per part, with the reason, as the board publishes the phase.
   for (const auto& [rank, part] : entry.parts) {
     part->cancelled = true;
     board_->Update(

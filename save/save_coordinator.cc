@@ -122,7 +122,19 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
 
 void SaveCoordinator::RunPart(const std::shared_ptr<SavePart>& part,
                               IoQueue& queue) {
-  const absl::Status status = writer_.Write(*part, queue);
+  LogFields fields;
+  fields.Job(part->checkpoint->job)
+      .Checkpoint(part->checkpoint->name)
+      .Session(part->session_id)
+      .Rank(part->rank)
+      .Set("save", part->id);
+  // The worker is the only reader of `session` until FinishPart.
+  if (part->session != nullptr) fields.Pid(part->session->pid());
+  const absl::Status status = [&] {
+    // Only the writing: what follows may log about other parts.
+    const ScopedLogFields writing(std::move(fields));
+    return writer_.Write(*part, queue);
+  }();
   ListenerCalls calls;
   InFlightCheckpoints::PartFinished finished =
       checkpoints_.FinishPart(*part, status, &calls);
@@ -231,17 +243,25 @@ bool SaveCoordinator::CheckLocalRanks(
 bool SaveCoordinator::WithdrawFailedCommit(const CheckpointAttempt& cp) {
   const absl::Status withdrawn = store_->WithdrawCommit(cp.job, cp.name);
   if (!withdrawn.ok()) {
-    LogError("checkpoint ", cp.key,
-             ": its COMMIT write failed and cannot be taken back (",
+    LogError(LogFields().Job(cp.job).Checkpoint(cp.name),
+             "its COMMIT write failed and cannot be taken back (",
              withdrawn.ToString(), "); leaving its files to gc");
   }
   return withdrawn.ok();
 }
 
 void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
-  LogInfo("checkpoint ", cp.key, " committed");
+  // Read before the line is written: once a reader sees the line, a keep_last
+  // changed since applies from the next commit on.
+  const uint32_t keep_last = keep_last_.load();
+  LogInfo(LogFields()
+              .Job(cp.job)
+              .Checkpoint(cp.name)
+              .Set("world_size", cp.world_size)
+              .Set("keep_last", keep_last),
+          "checkpoint committed");
   // Only now is there a newer committed checkpoint to make room for.
-  auto deleted = ApplyRetention(*store_, *leases_, cp.job, keep_last_.load());
+  auto deleted = ApplyRetention(*store_, *leases_, cp.job, keep_last);
   if (!deleted.ok()) {
     LogWarning("retention: ", deleted.status().ToString());
   } else {
@@ -273,7 +293,8 @@ void SaveCoordinator::FinishRetirement(std::optional<Retired> retired) {
     case Retired::Files::kLeaveForGc:
       // A node that sees every manifest may be committing with these files
       // right now.
-      LogWarning("leaving ", cp.key, " to gc: its node manifest was written");
+      LogWarning(LogFields().Job(cp.job).Checkpoint(cp.name),
+                 "leaving its files to gc: its node manifest was written");
       return;
     case Retired::Files::kRemove:
       // Storage work, so on a worker whichever thread ended the attempt
@@ -282,7 +303,10 @@ void SaveCoordinator::FinishRetirement(std::optional<Retired> retired) {
         const CheckpointAttempt& attempt = *removal.checkpoint;
         absl::Status status = store_->RemoveNodePart(
             attempt.job, attempt.name, options_.node_id, removal.files);
-        if (!status.ok()) LogWarning("cleanup: ", status.ToString());
+        if (!status.ok()) {
+          LogWarning(LogFields().Job(attempt.job).Checkpoint(attempt.name),
+                     "cleanup of the ended attempt's files: ", status.ToString());
+        }
         checkpoints_.ForgetRemoved(attempt);
       });
       return;

@@ -2,9 +2,12 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/daemon_metrics.h"
+#include "common/log.h"
 #include "common/save_phase.h"
 
 namespace ckpt {
@@ -42,6 +45,36 @@ void CountPhaseChange(v1::Phase before, v1::Phase after,
   if (!IsFinalPhase(before) && IsFinalPhase(after)) m.saves_in_flight.Add(-1);
 }
 
+// The part entered `progress.phase()`: one line naming it and its trainer.
+void LogPhase(const v1::SaveProgress& progress, uint64_t session_id, pid_t pid,
+              std::chrono::steady_clock::time_point accepted_at) {
+  LogFields fields;
+  fields.Job(progress.job())
+      .Checkpoint(progress.checkpoint())
+      .Session(session_id)
+      .Rank(progress.rank())
+      .Pid(pid)
+      .Set("save", progress.save_id());
+  const v1::Phase phase = progress.phase();
+  if (phase == v1::PHASE_ACCEPTED) {
+    fields.Set("bytes", progress.total_bytes())
+        .Set("world_size", progress.world_size());
+  } else {
+    fields.Set("elapsed_ms",
+               std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::steady_clock::now() - accepted_at)
+                   .count());
+  }
+  // "PHASE_STAGED" -> "staged"
+  const std::string lower = absl::AsciiStrToLower(v1::Phase_Name(phase));
+  const absl::string_view name = absl::StripPrefix(lower, "phase_");
+  if (phase == v1::PHASE_FAILED || phase == v1::PHASE_CANCELLED) {
+    LogWarning(fields.Set("reason", progress.reason()), name);
+  } else {
+    LogInfo(fields, name);
+  }
+}
+
 }  // namespace
 
 void SaveProgressBoard::ListenerCalls::Run() {
@@ -51,14 +84,16 @@ void SaveProgressBoard::ListenerCalls::Run() {
   }
 }
 
-void SaveProgressBoard::Add(uint64_t session_id,
+void SaveProgressBoard::Add(uint64_t session_id, pid_t pid,
                             const v1::SaveProgress& progress,
                             ListenerCalls* out) {
   absl::MutexLock lock(&mu_);
   Entry& entry = entries_[progress.save_id()];
   entry.session_id = session_id;
+  entry.pid = pid;
   entry.progress = progress;
   entry.accepted_at = std::chrono::steady_clock::now();
+  LogPhase(entry.progress, session_id, pid, entry.accepted_at);
   DaemonMetrics::Get().saves_in_flight.Add(1);
   PublishLocked(entry, /*force=*/true, out);
   PruneLocked();
@@ -72,8 +107,9 @@ void SaveProgressBoard::Update(
   if (it == entries_.end()) return;
   const v1::Phase before = it->second.progress.phase();
   change(it->second.progress);
-  if (it->second.progress.phase() != before) {
-    CountPhaseChange(before, it->second.progress.phase(), it->second.accepted_at);
+  if (const Entry& entry = it->second; entry.progress.phase() != before) {
+    CountPhaseChange(before, entry.progress.phase(), entry.accepted_at);
+    LogPhase(entry.progress, entry.session_id, entry.pid, entry.accepted_at);
   }
   PublishLocked(it->second, force, out);
 }

@@ -64,8 +64,9 @@ class SaveProgressBoard {
   };
 
   // Puts a new part (progress.save_id()) on the board, owned by
-  // `session_id`, and publishes it as version 1.
-  void Add(uint64_t session_id, const v1::SaveProgress& progress,
+  // `session_id` of trainer `pid`, and publishes it as version 1. Every
+  // phase the part enters is logged once, naming the trainer.
+  void Add(uint64_t session_id, pid_t pid, const v1::SaveProgress& progress,
            ListenerCalls* out);
 
   // Applies `change` to the part's progress, then publishes it: at once
@@ -90,6 +91,7 @@ class SaveProgressBoard {
  private:
   struct Entry {
     uint64_t session_id = 0;
+    pid_t pid = 0;  // the trainer's, for its log lines
     v1::SaveProgress progress;
     uint64_t version = 0;
     std::chrono::steady_clock::time_point last_publish;

@@ -128,7 +128,17 @@ absl::Status Session::Open(const v1::OpenSessionRequest& request,
   local_world_size_ = local;
   job_ = request.job();
   opened_ = true;
+  LogInfo(log_fields().Set("uid", uid()).Set("world_size", world_size)
+              .Set("local_world_size", local),
+          "session opened");
   return absl::OkStatus();
+}
+
+LogFields Session::log_fields() const {
+  LogFields fields;
+  fields.Session(id_).Pid(pid());
+  if (opened()) fields.Job(job_).Rank(rank_);
+  return fields;
 }
 
 absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
@@ -260,8 +270,9 @@ absl::StatusOr<uint64_t> Session::AddLayout(
     return absl::FailedPreconditionError(absl::StrCat("session ", id_, " has ended"));
   }
   layouts_.push_back(std::move(charged));
-  LogDebug("session ", id_, ": layout ", layouts_.size(), " of ",
-           layouts_.back()->items.size(), " items holds ", bytes, " bytes");
+  LogDebug(log_fields().Set("layout", layouts_.size())
+               .Set("items", layouts_.back()->items.size()).Set("bytes", bytes),
+           "layout defined");
   return layouts_.size();
 }
 
@@ -447,11 +458,12 @@ bool SessionRegistry::Accept(bool starved) {
   const pid_t pid = (*peer)->pid();
   const uid_t uid = (*peer)->uid();
   if ((*peer)->memory_fd() < 0) {
-    LogInfo("pid ", pid, " uid ", uid, ": its memory is bound at OpenSession "
-            "(ckptd has no ptrace permission over it before its PR_SET_PTRACER)");
+    LogInfo(LogFields().Pid(pid).Set("uid", uid),
+            "its memory is bound at OpenSession (ckptd has no ptrace "
+            "permission over it before its PR_SET_PTRACER)");
   } else if (absl::Status admitted = (*peer)->Admit(); !admitted.ok()) {
-    LogWarning("pid ", pid, " uid ", uid, " may not have its memory read or "
-               "written: ", admitted.ToString());
+    LogWarning(LogFields().Pid(pid).Set("uid", uid),
+               "its memory may not be read or written: ", admitted.ToString());
   }
   auto token = RandomToken();
   if (!token.ok()) {
@@ -463,7 +475,8 @@ bool SessionRegistry::Accept(bool starved) {
     absl::MutexLock lock(&mu_);
     if (by_token_.size() >= max_sessions_) {
       if (MayLogRefusal()) {
-        LogWarning("refusing session of pid ", pid, ": ", max_sessions_,
+        LogWarning(LogFields().Pid(pid).Set("uid", uid),
+                   "session refused: ", max_sessions_,
                    " sessions are open (--max_sessions)");
       }
       return true;
@@ -489,7 +502,7 @@ bool SessionRegistry::Accept(bool starved) {
   absl::StatusOr<std::string> reply =
       EncodeHandshakeFrame({.session_token = *token, .daemon_pid = ::getpid()});
   if (!reply.ok()) {
-    LogError("handshake reply to pid ", pid, ": ", reply.status().ToString());
+    LogError(LogFields().Pid(pid), "handshake reply: ", reply.status().ToString());
     Close(raw);
     return true;
   }
@@ -502,11 +515,11 @@ bool SessionRegistry::Accept(bool starved) {
         sent < 0 ? ErrnoToStatus(errno, "send")
                  : absl::UnavailableError(absl::StrCat("short send: ", sent, " of ",
                                                        reply->size(), " bytes"));
-    LogWarning("handshake reply to pid ", pid, " failed: ", failed.ToString());
+    LogWarning(LogFields().Pid(pid), "handshake reply failed: ", failed.ToString());
     Close(raw);
     return true;
   }
-  LogInfo("session ", session->id(), " opened by pid ", pid, " uid ", uid);
+  LogInfo(session->log_fields().Set("uid", uid), "handshake accepted");
   return true;
 }
 
@@ -521,7 +534,7 @@ void SessionRegistry::Close(int fd) {
     by_fd_.erase(it);  // closes the socket
   }
   session->MarkClosed();
-  LogInfo("session ", session->id(), " (pid ", session->pid(), ") closed");
+  LogInfo(session->log_fields(), "session closed");
   if (on_closed_) on_closed_(session);
 }
 

@@ -34,6 +34,7 @@
 #include "ckpt/v1/control.pb.h"
 #include "common/daemon_metrics.h"
 #include "common/handshake_frame.h"
+#include "common/log.h"
 #include "common/socket_access.h"
 #include "common/unique_fd.h"
 #include "gpu/gpu_device.h"
@@ -92,6 +93,9 @@ class Session {
   uint32_t world_size() const { return world_size_; }
   uint32_t local_world_size() const { return local_world_size_; }
   const std::string& job() const { return job_; }
+  // Who this session is in log lines: session and pid, and once opened its
+  // job and rank.
+  LogFields log_fields() const;
 
   // Registers host and CUDA regions; returns their ids. CUDA regions are
   // opened now (their allocations mapped, their events opened); if one

@@ -36,7 +36,8 @@ absl::StatusOr<GarbageCollection> CollectGarbage(
       result.left.push_back(absl::StrCat(
           key, ": not created by ckptd (no ", kMarkerFileName,
           marked.ok() ? ")" : absl::StrCat(": ", marked.status().ToString(), ")")));
-      LogWarning("gc: leaving ", result.left.back());
+      LogWarning(LogFields().Job(info.job()).Checkpoint(info.checkpoint()),
+                 "gc: leaving ", result.left.back());
       continue;
     }
     struct stat st;
@@ -52,11 +53,13 @@ absl::StatusOr<GarbageCollection> CollectGarbage(
     absl::Status status = store.DeleteUncommitted(info.job(), info.checkpoint());
     if (absl::IsFailedPrecondition(status)) {
       result.left.push_back(absl::StrCat(key, ": ", status.message()));
-      LogWarning("gc: leaving ", result.left.back());
+      LogWarning(LogFields().Job(info.job()).Checkpoint(info.checkpoint()),
+                 "gc: leaving ", result.left.back());
       continue;
     }
     RETURN_IF_ERROR(status);
-    LogInfo("gc: removed uncommitted ", key);
+    LogInfo(LogFields().Job(info.job()).Checkpoint(info.checkpoint()),
+            "gc: removed uncommitted ", key);
     result.removed.push_back(key);
   }
   return result;

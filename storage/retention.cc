@@ -34,19 +34,20 @@ absl::StatusOr<std::vector<std::string>> ApplyRetention(const CheckpointStore& s
     // root by hand, or one from before markers, stays).
     const absl::StatusOr<bool> marked = store.IsMarked(job, name);
     if (!marked.ok() || !*marked) {
-      LogWarning("retention: leaving ", job, "/", name, ": not created by ckptd (no ",
-                 kMarkerFileName,
+      LogWarning(LogFields().Job(job).Checkpoint(name),
+                 "retention: leaving it: not created by ckptd (no ", kMarkerFileName,
                  marked.ok() ? ")" : absl::StrCat(": ", marked.status().ToString(), ")"));
       continue;
     }
     if (!leases.ClaimForDeletion(job, name)) {
-      LogInfo("retention: ", job, "/", name, " is being read; deleting it later");
+      LogInfo(LogFields().Job(job).Checkpoint(name),
+              "retention: being read; deleting it later");
       continue;
     }
     absl::Status status = store.DeleteCommitted(job, name);
     leases.Deleted(job, name);
     RETURN_IF_ERROR(status);
-    LogInfo("retention: deleted ", job, "/", name);
+    LogInfo(LogFields().Job(job).Checkpoint(name), "retention: deleted");
     deleted.push_back(name);
   }
   return deleted;

@@ -57,6 +57,7 @@
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 #include "storage/durable_file.h"
+#include "support/logfmt.h"
 #include "support/planted_files.h"
 
 namespace ckpt::testing {
@@ -233,10 +234,10 @@ std::string ReadLog(const DaemonProcess& daemon) {
 // recovery: " cut.
 std::vector<std::string> RecoveryLines(const std::string& log, size_t from) {
   std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(log.substr(from), '\n')) {
-    const size_t at = line.find("startup recovery: ");
-    if (at == absl::string_view::npos) continue;
-    lines.emplace_back(line.substr(at + std::string("startup recovery: ").size()));
+  for (const LogfmtFields& line : ParseLog(log.substr(from))) {
+    const std::string message = Field(line, "msg");
+    absl::string_view rest = message;
+    if (absl::ConsumePrefix(&rest, "startup recovery: ")) lines.emplace_back(rest);
   }
   return lines;
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "integration/daemon_fixture.h"
+#include "support/logfmt.h"
 
 namespace ckpt::testing {
 
@@ -26,25 +27,52 @@ inline void WriteText(const std::string& path, const std::string& text) {
   REQUIRE(out.good());
 }
 
+// The log as written (logfmt lines).
 inline std::string DaemonLog(const DaemonProcess& daemon) {
   return ReadText(daemon.dir() + "/ckptd.log");
 }
 
-// Waits up to `timeout_ms` for the daemon's log to hold `needle` `times`
-// times; true once it does.
-inline bool WaitForLog(const DaemonProcess& daemon, const std::string& needle,
-                       int timeout_ms, int times = 1) {
+// The `msg` of every line of the log, decoded, one per line.
+inline std::string DaemonMessages(const DaemonProcess& daemon) {
+  std::string messages;
+  for (const LogfmtFields& line : ParseLog(DaemonLog(daemon))) {
+    messages += Field(line, "msg");
+    messages += '\n';
+  }
+  return messages;
+}
+
+// Waits up to `timeout_ms` for `times` lines of the daemon's log to pass
+// `match`; true once they do.
+template <typename Match>
+bool WaitForLines(const DaemonProcess& daemon, Match match, int timeout_ms,
+                  int times) {
   for (int waited = 0; waited <= timeout_ms; waited += 20) {
-    const std::string log = DaemonLog(daemon);
     int count = 0;
-    for (size_t at = log.find(needle); at != std::string::npos;
-         at = log.find(needle, at + 1)) {
-      ++count;
-    }
+    for (const LogfmtFields& line : ParseLog(DaemonLog(daemon))) count += match(line);
     if (count >= times) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+// Lines with every field of `want` (Matches).
+inline bool WaitForLog(const DaemonProcess& daemon, const LogfmtFields& want,
+                       int timeout_ms, int times = 1) {
+  return WaitForLines(
+      daemon, [&](const LogfmtFields& line) { return Matches(line, want); },
+      timeout_ms, times);
+}
+
+// Lines whose message contains `needle`.
+inline bool WaitForLog(const DaemonProcess& daemon, const std::string& needle,
+                       int timeout_ms, int times = 1) {
+  return WaitForLines(
+      daemon,
+      [&](const LogfmtFields& line) {
+        return absl::StrContains(Field(line, "msg"), needle);
+      },
+      timeout_ms, times);
 }
 
 }  // namespace ckpt::testing

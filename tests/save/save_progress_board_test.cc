@@ -42,7 +42,7 @@ v1::SaveProgress Accepted(uint64_t save_id) {
 // Adds save `save_id` of kSession, making the listener calls at once.
 void AddPart(SaveProgressBoard& board, uint64_t save_id) {
   SaveProgressBoard::ListenerCalls calls;
-  board.Add(kSession, Accepted(save_id), &calls);
+  board.Add(kSession, /*pid=*/1, Accepted(save_id), &calls);
   calls.Run();
 }
 
