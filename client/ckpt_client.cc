@@ -81,12 +81,21 @@ absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket) {
+std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket,
+                                           uint32_t keepalive_ms,
+                                           uint32_t keepalive_timeout_ms) {
   grpc::ChannelArguments args;
   // Both limits are the daemon's ceiling: every request it may accept leaves
   // this end, and every response it may send arrives (control_socket.h).
   args.SetMaxReceiveMessageSize(kMaxControlMessageBytes);
   args.SetMaxSendMessageSize(kMaxControlMessageBytes);
+  // Pings while a call is open, however long it waits without data (gRPC
+  // stops after 2 pings without data unless told otherwise): a wait for
+  // COMMITTED may see no message for minutes.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(keepalive_ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(keepalive_timeout_ms));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return grpc::CreateCustomChannel(absl::StrCat("unix:", socket),
                                    grpc::InsecureChannelCredentials(), args);
 }
@@ -99,6 +108,11 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ConnectOptions& options) {
+  if (options.keepalive_ms < kMinKeepaliveMs || options.keepalive_timeout_ms == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keepalive_ms ", options.keepalive_ms, " is below the daemon's floor of ",
+        kMinKeepaliveMs, " ms, or keepalive_timeout_ms is 0"));
+  }
   ASSIGN_OR_RETURN(UniqueFd fd, DialHandshake(HandshakeSocketPath(options.socket)));
   ASSIGN_OR_RETURN(HandshakeFrame frame, ReadHandshakeFrame(fd.get()));
   // Under Yama ptrace_scope=1 only a declared tracer may read our memory.
@@ -109,7 +123,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   std::unique_ptr<Client> client(new Client(
       options, std::move(fd), std::move(frame.session_token),
-      static_cast<uint32_t>(frame.daemon_pid), DaemonChannel(options.socket)));
+      static_cast<uint32_t>(frame.daemon_pid),
+      DaemonChannel(options.socket, options.keepalive_ms, options.keepalive_timeout_ms)));
   v1::OpenSessionRequest request;
   request.set_session_token(client->token_);
   request.set_rank(options.rank);

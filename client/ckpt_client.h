@@ -60,12 +60,20 @@ struct ConnectOptions {
   // The GPU seam for CUDA regions (borrowed; outlives the client). Null:
   // the CUDA runtime's when libckpt was built with CUDA.
   TrainerGpu* gpu = nullptr;
+  // A daemon that stops answering fails the open calls (UNAVAILABLE) after
+  // about keepalive_ms + keepalive_timeout_ms (common/control_socket.h);
+  // keepalive_ms may not be below kMinKeepaliveMs.
+  uint32_t keepalive_ms = kDefaultKeepaliveMs;
+  uint32_t keepalive_timeout_ms = kDefaultKeepaliveTimeoutMs;
 };
 
 // A gRPC channel to the daemon's socket that sends and receives messages of
-// up to kMaxControlMessageBytes, the daemon's own ceiling
-// (common/control_socket.h).
-std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket);
+// up to kMaxControlMessageBytes, the daemon's own ceiling, and pings a
+// daemon that does not answer while a call is open (both in
+// common/control_socket.h).
+std::shared_ptr<grpc::Channel> DaemonChannel(
+    const std::string& socket, uint32_t keepalive_ms = kDefaultKeepaliveMs,
+    uint32_t keepalive_timeout_ms = kDefaultKeepaliveTimeoutMs);
 
 // Turns a gRPC status into an absl::Status with `what` as context.
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what);

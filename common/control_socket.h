@@ -41,4 +41,16 @@ inline std::string HandshakeSocketPath(absl::string_view socket) {
 // error names its limit.
 inline constexpr int kMaxControlMessageBytes = 64 << 20;
 
+// Keepalive on the control socket. A daemon that stops answering without
+// closing its socket (SIGSTOP, a hung host, a debugger) leaves a client's
+// call open forever: nothing arrives, and nothing says the end is gone.
+// While a call is open, a client pings every keepalive interval and fails
+// the call (UNAVAILABLE) when a ping goes unanswered for the timeout, so a
+// wait for STAGED or COMMITTED ends within their sum. The daemon accepts
+// pings as often as kMinKeepaliveMs; a client may not ping more often (the
+// daemon would close a connection that does, as gRPC does by default).
+inline constexpr int kDefaultKeepaliveMs = 5'000;
+inline constexpr int kDefaultKeepaliveTimeoutMs = 10'000;
+inline constexpr int kMinKeepaliveMs = 1'000;
+
 }  // namespace ckpt

@@ -10,14 +10,18 @@
 namespace ckpt::testing {
 
 TestRank::TestRank(const std::string& socket, const std::string& job,
-                   uint32_t tensors, uint64_t tensor_bytes)
+                   uint32_t tensors, uint64_t tensor_bytes, ConnectOptions connect)
     : job_(job), tensors_(tensors), tensor_bytes_(tensor_bytes) {
   REQUIRE(tensor_bytes % 4096 == 0);
   void* mem = mmap(nullptr, tensors * tensor_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   REQUIRE(mem != MAP_FAILED);
   data_ = static_cast<uint64_t*>(mem);
-  auto client = Client::Connect({.socket = socket, .job = job, .rank = 0, .world_size = 1});
+  connect.socket = socket;
+  connect.job = job;
+  connect.rank = 0;
+  connect.world_size = 1;
+  auto client = Client::Connect(connect);
   REQUIRE(client.ok());
   client_ = *std::move(client);
   auto region = client_->RegisterRegion(data_, tensors * tensor_bytes);

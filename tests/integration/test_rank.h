@@ -21,9 +21,10 @@ v1::TensorItem MatrixItem(const std::string& fqn, uint64_t bytes, uint64_t regio
 class TestRank {
  public:
   // Connects as rank 0 of a world of 1 and registers `tensors` tensors of
-  // `tensor_bytes` each (a multiple of 4096).
+  // `tensor_bytes` each (a multiple of 4096). `connect` gives the other
+  // options (its socket, job, rank and world size are set here).
   TestRank(const std::string& socket, const std::string& job, uint32_t tensors,
-           uint64_t tensor_bytes);
+           uint64_t tensor_bytes, ConnectOptions connect = {});
   ~TestRank();
 
   Client& client() { return *client_; }

@@ -8,7 +8,9 @@ says what happened:
 - DaemonUnavailable: no daemon answers at the socket (not started, stopped,
   restarted, or it died during a save). The message names the socket and
   how to start the daemon. A Client reconnects on its next call; saves that
-  were in flight on a daemon that died fail with this error.
+  were in flight on a daemon that died fail with this error, and so do
+  waits on a daemon that stopped answering (hung, SIGSTOP) once a
+  keepalive ping goes unanswered: within about 15 s.
 - CheckpointNotFound: the job has no such checkpoint (or none committed,
   for "latest"); the message names job and checkpoint.
 - StateMismatch: a tensor of the state dict does not fit what the

@@ -1,0 +1,283 @@
+"""`pip install` of the repository into a fresh virtual environment, as the
+README tells users, then a save and a restore through a real daemon from
+that environment alone.
+
+Run by ctest as: python test_pip_install.py (the project venv's Python,
+which has torch), with CKPTD_BINARY the daemon to start; CKPT_JOBS (default
+2) is the build's parallelism; CKPT_KEEP_TMP=1 keeps the temporary directory
+(venv, logs). Exits 77 (skipped, with the reason) where PyPI cannot be
+reached or the project venv has no torch.
+
+The steps, each what a user does after scripts/setup-debian.sh:
+1. The repository's files (tracked, and untracked ones git does not
+   ignore) are copied, as a fresh clone would have them; the build must not
+   write into that copy (checked at the end), and the project's own build
+   directories are never touched.
+2. A fresh venv (no system or project site-packages).
+3. torch: the user's `pip install torch` is stood in for by the project
+   venv's torch (the one scripts/test.sh installed from
+   scripts/requirements-dcp.txt): a .pth file adds a directory of links to
+   the files of torch and of its dependency closure, metadata included, and
+   to nothing else. Installing PyPI's wheel (about 5 GiB with its CUDA
+   libraries) on every run would dominate the test; to pip and to Python
+   the environment then looks as if torch had been installed into it.
+4. `pip install -r scripts/requirements-package.txt`; `pip install <copy>`
+   fails, naming --no-build-isolation (pip's build isolation hides torch);
+   `pip install --no-build-isolation <copy>` builds and installs it (numpy,
+   a dependency, comes from PyPI); `pip check` passes.
+5. From the fresh venv, with no PYTHONPATH: ckptd, ckptd.torch and both
+   extension modules import from its site-packages; ckptd.torch saves
+   nested state twice (the second save checks its plan in _state_cache)
+   and loads it back equal; ckptd.Client saves and loads a numpy array.
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from importlib import metadata
+
+try:
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # pip vendors it
+    from pip._vendor.packaging.markers import default_environment
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SKIPPED = 77
+
+# What pip prints when it cannot reach the index (or the index offers no
+# version at all of a package it surely has).
+NETWORK_ERRORS = ("NewConnectionError", "Temporary failure in name resolution",
+                  "Network is unreachable", "Max retries exceeded",
+                  "ConnectTimeoutError", "ProxyError", "(from versions: none)")
+
+CLIENT_SNIPPET = r"""
+import os, sys
+import numpy as np
+import torch
+import ckptd
+import ckptd.torch as ckpt
+from ckptd import _ckpt, _state_cache
+
+socket, site = sys.argv[1], sys.argv[2]
+for module in (ckptd, _ckpt, _state_cache):
+    assert os.path.realpath(module.__file__).startswith(os.path.realpath(site)), \
+        f"{module.__name__} imported from {module.__file__}, not {site}"
+
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(64, 33, generator=g),
+                      "b": torch.randn(33, generator=g).to(torch.bfloat16)},
+            "optim": {"step": torch.tensor(float(seed))},
+            "step": seed, "rng": torch.get_rng_state()}
+
+sd = state(1)
+ckpt.save(sd, checkpoint_id="step-1", job="pip", socket=socket)
+for k, v in state(2).items():  # same tensors, new values: the cached plan
+    if isinstance(v, dict):
+        for name, t in v.items():
+            sd[k][name].copy_(t)
+    else:
+        sd[k] = v
+ckpt.save(sd, checkpoint_id="step-2", job="pip", socket=socket)
+
+out = {"model": {"w": torch.zeros(64, 33), "b": torch.zeros(33, dtype=torch.bfloat16)},
+       "optim": {"step": torch.tensor(0.0)}, "step": 0, "rng": torch.zeros_like(sd["rng"])}
+ckpt.load(out, checkpoint_id="latest", job="pip", socket=socket)
+want = state(2)
+for k in ("w", "b"):
+    assert torch.equal(out["model"][k], want["model"][k]), k
+assert torch.equal(out["optim"]["step"], want["optim"]["step"])
+assert out["step"] == 2 and torch.equal(out["rng"], want["rng"])
+
+client = ckptd.Client("pip-numpy", socket=socket)
+a = np.arange(1000, dtype=np.uint16)
+client.save("step-1", {"a": a}).wait_committed()
+b = np.zeros_like(a)
+client.load("latest", {"a": b})
+assert np.array_equal(a, b)
+print("ckptd", ckptd.__file__, "saved and restored through", socket)
+"""
+
+
+class Skip(Exception):
+    pass
+
+
+def run(what, argv, log, fails=False, **kwargs):
+    """Runs argv, its output appended to `log`; prints `what` and how long
+    it took; returns the output. It must exit 0, or if `fails`, not 0."""
+    started = time.monotonic()
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, **kwargs)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(map(str, argv))}\n{p.stdout}\n")
+    print(f"{time.monotonic() - started:6.1f} s  {what}", flush=True)
+    if (p.returncode != 0) != fails:
+        fail(what, p.stdout)
+    return p.stdout
+
+
+def fail(what, output):
+    """Raises Skip if `output` says PyPI was out of reach, else AssertionError."""
+    if any(e in output for e in NETWORK_ERRORS):
+        raise Skip(f"PyPI is not reachable:\n{output[-2000:]}")
+    raise AssertionError(f"{what}:\n{output[-6000:]}")
+
+
+def copy_checkout(dest):
+    """The files a fresh clone of the working tree has."""
+    files = subprocess.run(
+        ["git", "-C", REPO, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True, stdout=subprocess.PIPE).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():  # a tracked file may be deleted in the tree
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def dependency_closure(name):
+    """The distributions `pip install NAME` needs here, NAME included, as
+    {canonical name: Distribution}, following extras and markers."""
+    found = {}
+    pending = [(name, frozenset())]
+    seen = set()
+    while pending:
+        dist_name, extras = pending.pop()
+        if (canonicalize_name(dist_name), extras) in seen:
+            continue
+        seen.add((canonicalize_name(dist_name), extras))
+        dist = metadata.distribution(dist_name)
+        found[canonicalize_name(dist_name)] = dist
+        for line in dist.requires or []:
+            req = Requirement(line)
+            envs = [dict(default_environment(), extra=e) for e in {"", *extras}]
+            if req.marker is None or any(req.marker.evaluate(env) for env in envs):
+                pending.append((req.name, frozenset(req.extras)))
+    return found
+
+
+def link_torch(venv_site, farm):
+    """Makes the project venv's torch and its dependencies importable (and
+    known to pip) in the venv whose site-packages is `venv_site`, except
+    the distributions that venv already has (pip, setuptools): pip then
+    treats those as it would after `pip install torch` there."""
+    try:
+        closure = dependency_closure("torch")
+    except metadata.PackageNotFoundError as e:
+        raise Skip(f"the project venv has no {e} (scripts/test.sh installs it)")
+    present = {canonicalize_name(d.metadata["Name"])
+               for d in metadata.distributions(path=[str(venv_site)])}
+    farm.mkdir()
+    for name, dist in sorted(closure.items()):
+        if name in present:
+            continue
+        site = pathlib.Path(dist.locate_file(""))
+        if dist.files is None:
+            raise AssertionError(f"{name} has no RECORD: cannot tell its files")
+        tops = {f.parts[0] for f in dist.files if f.parts[0] not in ("..", "__pycache__")}
+        for top in tops:
+            if not (farm / top).exists():
+                (farm / top).symlink_to(site / top)
+    (venv_site / "ckptd_test_torch.pth").write_text(f"{farm}\n")
+    return sorted(set(closure) - present)
+
+
+class Daemon:
+    """A ckptd on a temporary directory."""
+
+    def __init__(self, directory):
+        self.socket = str(directory / "ckptd.sock")
+        self.log = open(directory / "ckptd.log", "w")
+        self.process = subprocess.Popen(
+            [os.environ["CKPTD_BINARY"], "--socket", self.socket,
+             "--root", str(directory / "root"), "--pool_bytes", str(64 << 20),
+             "--max_sessions", "256", "--max_connections", "1024"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.socket + ".session"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"ckptd did not start; see {self.log.name}")
+            time.sleep(0.02)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def main():
+    work = pathlib.Path(tempfile.mkdtemp(prefix="ckptd-pip-"))
+    log = work / "pip.log"
+    daemon = None
+    try:
+        src, venv = work / "src", work / "venv"
+        copy_checkout(src)
+        before = tree(src)
+        run(f"python -m venv {venv}", [sys.executable, "-m", "venv", venv], log)
+        python = venv / "bin" / "python"
+        venv_site = pathlib.Path(subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
+            check=True, stdout=subprocess.PIPE, text=True).stdout.strip())
+        linked = link_torch(venv_site, work / "torch-from-project-venv")
+        print(f"          torch and {len(linked) - 1} distributions it needs linked from "
+              f"{sysconfig.get_path('platlib')}", flush=True)
+
+        # A user's environment: no PYTHONPATH (ctest's or a caller's), the
+        # venv first on PATH, the build's parallelism bounded.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(venv)
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", os.environ.get("CKPT_JOBS", "2"))
+        pip = [python, "-m", "pip", "--disable-pip-version-check"]
+        run("pip install -r scripts/requirements-package.txt",
+            [*pip, "install", "-r", src / "scripts" / "requirements-package.txt"], log,
+            env=env, cwd=work)
+        # Without the flag, pip's build isolation hides torch: the build
+        # stops at once, saying what to do.
+        isolated = run("pip install <the repository> stops: pip's isolation hides torch",
+                       [*pip, "install", src], log, fails=True, env=env, cwd=work)
+        if "install --no-build-isolation" not in isolated:
+            fail("pip install <the repository> did not name --no-build-isolation", isolated)
+        run("pip install --no-build-isolation <the repository> "
+            f"(CMAKE_BUILD_PARALLEL_LEVEL={env['CMAKE_BUILD_PARALLEL_LEVEL']})",
+            [*pip, "install", "--no-build-isolation", src], log, env=env, cwd=work)
+        run("pip check", [*pip, "check"], log, env=env, cwd=work)
+        after = tree(src)
+        assert after == before, ("pip install wrote into the source tree: "
+                                 f"{sorted(set(after) - set(before))[:20]}")
+
+        daemon = Daemon(work)
+        print(run("ckptd.torch and ckptd.Client save and restore from the fresh venv",
+                  [python, "-c", CLIENT_SNIPPET, daemon.socket, venv_site], log,
+                  env=env, cwd=work).strip())
+        return 0
+    except Skip as e:
+        print(f"SKIPPED: {e}")
+        return SKIPPED
+    except AssertionError as e:
+        print(f"FAILED: {e}\n(CKPT_KEEP_TMP=1 keeps {work}, its logs included)")
+        raise
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        if os.environ.get("CKPT_KEEP_TMP") != "1":
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
