@@ -124,6 +124,13 @@ note "ok: alice (uid $(id -u alice), in ckpt-users) saved and restored every byt
 note "loadgen: $(tail -n 1 "$out/alice.json")"
 expect "alice's job directory" "$(stat -c '%U %a' "$root/alice-job")" "alice 700"
 test -f "$root/alice-job/step-00000001/COMMIT" || fail "alice-job/step-00000001 has no COMMIT"
+# A load of a checkpoint alice-job does not have fails, and the daemon logs
+# it as a warning (checked in the journal below).
+if runuser -u alice -- timeout 60 ckpt-loadgen --socket "$socket" --job alice-job \
+  --ranks 1 --bytes-per-rank $((8 << 20)) --saves 0 --restore --first-step 100 \
+  >"$out/missing.txt" 2>&1; then
+  fail "a load of alice-job/step-00000099, which was never saved, succeeded"
+fi
 # bob may not even connect (0660 sockets of group ckpt-users).
 if runuser -u bob -- timeout 60 ckpt-loadgen --socket "$socket" --job bob-job \
   --ranks 1 --bytes-per-rank 4096 --saves 1 >"$out/bob.txt" 2>&1; then
@@ -176,6 +183,18 @@ note "ok: the save in flight at the stop committed (its client waited for COMMIT
 test -f "$root/drain-job/step-00000001/COMMIT" || fail "drain-job/step-00000001 has no COMMIT"
 
 journalctl -u ckptd --no-pager -o cat >"$out/ckptd-journal.txt"
+# Structured lines (docs/OPERATIONS.md, "Logs"), and their levels reach
+# journald as syslog priorities: the "<4>" of a warning is taken off the
+# line and filed, so -p warning selects the failed load and no info line.
+# (_SYSTEMD_UNIT= and _COMM= select the daemon's own lines, not systemd's
+# about it, nor those of its service setup before the exec.)
+unstructured=$(journalctl _SYSTEMD_UNIT=ckptd.service _COMM=ckptd --no-pager -o cat | grep -v '^ts=' || true)
+[ -z "$unstructured" ] || fail "journal lines that are not ckptd's logfmt: $unstructured"
+warnings=$(journalctl _SYSTEMD_UNIT=ckptd.service _COMM=ckptd --no-pager -o cat -p warning || true)
+[[ "$warnings" == *"job=alice-job checkpoint=step-00000099 "*"msg=\"load failed: "* ]] ||
+  fail "journalctl -p warning has no failed load of alice-job/step-00000099: '$warnings'"
+[[ "$warnings" != *"level=info"* ]] || fail "journalctl -p warning shows info lines: '$warnings'"
+note "ok: journalctl -p warning: $(printf '%s' "$warnings" | tr '\n' '|')"
 # (Lines read into variables: `grep | grep -q` under pipefail fails when
 # the second grep exits before the first has written everything.)
 refusing=$(grep -F 'drain: refusing new saves' "$out/ckptd-journal.txt" || true)
