@@ -4,14 +4,18 @@
 // prepares the checkpoint directory (once per attempt, by whichever of its
 // parts starts first), then writes the files one after another through a
 // ShardWriter, all their copies in one CopyOutBatch so that the trainer's
-// staged events are recorded once, after the last copy. Each staged window
-// may also be captured into a MemoryTier image. Progress goes to the
-// SaveProgressBoard as it happens: byte counters (throttled), the GPU-side
-// STAGED (copies_enqueued) and STAGED.
+// staged events are recorded once, after the last copy. Each window may
+// also be copied into a MemoryTier image, after its write. Progress goes to
+// the SaveProgressBoard as it happens: byte counters (throttled), the
+// GPU-side STAGED (copies_enqueued) and STAGED.
 //
 // Ownership: borrows the store, pool, tier, board and file operations,
 // which outlive it; owns the write rate limiter all writes share (its rate
-// changes live, SetWriteRateLimit).
+// changes live, SetWriteRateLimit). The limiter paces only the writes: a
+// file the pool holds is staged at full speed whatever the cap. A part's
+// files are written one after another, so under a cap the trainer still
+// waits for the writes of the files before its last (the smaller ones,
+// see Write).
 // Thread-safety: Write may run on several workers at once (one part each).
 #pragma once
 

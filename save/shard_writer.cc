@@ -1,5 +1,6 @@
-// ShardWriter: staged windows in leased buffers, finished in file order into
-// the IoPipeline; then trim and fsync through FileOps.
+// ShardWriter: staged windows in leased buffers, hashed in file order, paced
+// into the IoPipeline, copied into the tier image after their writes; then
+// trim and fsync through FileOps.
 #include "save/shard_writer.h"
 
 #include <fcntl.h>
@@ -45,6 +46,21 @@ struct StagedWindow {
   StagingLease buffer;
   uint64_t ticket = 0;
   std::vector<Piece> pieces;
+};
+
+// A hashed window waiting for its turn under the write rate cap.
+struct PacedWrite {
+  uint64_t offset = 0;
+  uint64_t padded = 0;  // bytes to write: the window zero-padded to 4096
+  StagingLease buffer;
+};
+
+// A written window whose bytes are still to be copied into the memory-tier
+// image: its buffer stays out of the pool until then.
+struct WrittenWindow {
+  uint64_t offset = 0;
+  uint64_t filled = 0;  // file bytes in the window (no padding)
+  StagingLease buffer;
 };
 
 // The staged windows of one file, oldest first, with their buffers. A staged
@@ -163,29 +179,48 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
 
   // Declared after the batch, so destroyed before it: on every return the
   // staged windows' copies and the pipeline's writes have ended before any
-  // of their buffers goes back to the pool.
+  // of their buffers goes back to the pool. The paced and written windows
+  // have nothing in flight on their buffers (their copies were waited for
+  // before hashing; their writes were reaped).
   IoPipeline pipeline(queue_);
   StagedWindows staged(batch, req.path);
+  std::deque<PacedWrite> paced;          // hashed, waiting for their turn
+  std::deque<WrittenWindow> uncaptured;  // written, not yet in req.capture
   ShardWriteProgress progress;
   absl::Status first_error;
   std::vector<IoPipeline::Finished> finished;
+  const uint64_t window_bytes = pool_->buffer_bytes();
 
-  // Reaps finished writes: their buffers go back to the pool, their bytes
-  // are counted, the first failed write is kept in first_error. `block`
-  // waits for at least one. Returns the queue's own error, if any.
+  // Reaps finished writes, the first failed one kept in first_error. Their
+  // buffers go back to the pool, or, with a memory-tier image to fill, to
+  // `uncaptured` until copied there. `block` waits for at least one.
+  // Returns the queue's own error, if any.
   auto reap = [&](bool block) -> absl::Status {
     finished.clear();
     const absl::Status queue_status =
         block ? pipeline.WaitSome(&finished) : pipeline.Poll(&finished);
-    for (const IoPipeline::Finished& f : finished) {
+    for (IoPipeline::Finished& f : finished) {
       if (!f.status.ok()) first_error.Update(Annotate(f.status, req.path));
       progress.bytes_written += f.bytes;
       DaemonMetrics::Get().written_bytes.Add(f.bytes);
+      if (req.capture != nullptr && f.status.ok()) {
+        // The tag is the window's offset (start_write).
+        const uint64_t end = std::min(f.tag + window_bytes, layout.file_size);
+        uncaptured.push_back({f.tag, end - f.tag, std::move(f.buffer)});
+      }
     }
     const bool any = !finished.empty();
-    finished.clear();  // the written buffers go back to the pool
+    finished.clear();  // the other written buffers go back to the pool
     if (any && req.on_progress) req.on_progress(progress);
     return Annotate(queue_status, req.path);
+  };
+
+  // Copies the oldest written window into the memory-tier image; its buffer
+  // then goes back to the pool.
+  auto capture_oldest = [&] {
+    const WrittenWindow w = std::move(uncaptured.front());
+    uncaptured.pop_front();
+    std::memcpy(req.capture + w.offset, w.buffer.data(), w.filled);
   };
 
   ShardWriteResult result;
@@ -194,7 +229,6 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
   BlockHasher hasher(req.checksum_block_bytes);
   size_t entry = 0;        // first entry not yet completely hashed
   size_t stage_entry = 0;  // first entry not yet completely staged
-  const uint64_t window_bytes = pool_->buffer_bytes();
 
   // Enqueues the copies of window [offset, end) into `buffer`.
   auto stage = [&](uint64_t offset, StagingLease buffer) -> absl::Status {
@@ -233,8 +267,9 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     return absl::OkStatus();
   };
 
-  // Hashes the oldest staged window once its copies are done and starts its
-  // write; its buffer then belongs to the pipeline until the write is over.
+  // Hashes the oldest staged window once its copies are done and queues its
+  // write for its turn; the write itself is started by start_due_writes or
+  // wait_turn_and_write, never here, so no turn is waited for here.
   auto finish = [&]() -> absl::Status {
     RETURN_IF_ERROR(
         Annotate(batch->Wait(staged.front().ticket), absl::StrCat("stage ", req.path)));
@@ -250,27 +285,79 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
       result.block_xxh3[entry++] = hasher.Finish();
     }
     const uint64_t filled = done.end - done.offset;
-    if (req.capture != nullptr) {
-      std::memcpy(req.capture + done.offset, done.buffer.data(), filled);
-    }
     const uint64_t padded = AlignUp(filled);
     std::memset(done.buffer.data() + filled, 0, padded - filled);
     progress.bytes_staged += filled;
     DaemonMetrics::Get().staged_bytes.Add(filled);
     if (req.on_progress) req.on_progress(progress);
+    paced.push_back({done.offset, padded, std::move(done.buffer)});
+    return absl::OkStatus();
+  };
 
-    // A cancelled save stops waiting for its turn (a drain's deadline must
-    // not wait out a throttled queue); its write is then reaped as usual.
-    if (req.limiter != nullptr) req.limiter->Acquire(padded, req.cancelled);
+  // Starts the oldest paced write; its buffer belongs to the pipeline until
+  // the write's completion is reaped.
+  auto start_write = [&]() -> absl::Status {
+    PacedWrite w = std::move(paced.front());
+    paced.pop_front();
     IoRequest write;
     write.kind = IoRequest::Kind::kWrite;
     write.fd = fd;
-    write.buffer = done.buffer.data();
-    write.length = static_cast<uint32_t>(padded);
-    write.offset = done.offset;
-    write.tag = done.offset;
-    RETURN_IF_ERROR(Annotate(pipeline.Start(write, std::move(done.buffer)), req.path));
-    return reap(false);
+    write.buffer = w.buffer.data();
+    write.length = static_cast<uint32_t>(w.padded);
+    write.offset = w.offset;
+    write.tag = w.offset;
+    return Annotate(pipeline.Start(write, std::move(w.buffer)), req.path);
+  };
+
+  // Starts, in file order, the paced writes whose turn has come; never
+  // waits for one.
+  auto start_due_writes = [&]() -> absl::Status {
+    while (!paced.empty() &&
+           (req.limiter == nullptr || req.limiter->TryAcquire(paced.front().padded))) {
+      RETURN_IF_ERROR(start_write());
+    }
+    return absl::OkStatus();
+  };
+
+  // Waits for the oldest paced write's turn and starts it. A cancelled save
+  // stops waiting (a drain's deadline must not wait out a throttled queue)
+  // and ends here: its writes not yet started are never started.
+  auto wait_turn_and_write = [&]() -> absl::Status {
+    if (req.limiter != nullptr &&
+        !req.limiter->Acquire(paced.front().padded, req.cancelled)) {
+      return absl::CancelledError("save cancelled");
+    }
+    return start_write();
+  };
+
+  // Does the most useful step of the file's work other than staging a new
+  // window, for a caller that has no buffer to stage into or nothing left
+  // to stage: first what frees a buffer at once (a tier copy of a written
+  // window), then what may have to wait for a copy (hashing a staged
+  // window), for the disk (reaping our writes in flight) or for the cap (the
+  // next paced write's turn). Sets `*idle` when there was nothing of this
+  // file's to do.
+  auto advance = [&](bool* idle) -> absl::Status {
+    *idle = false;
+    if (!uncaptured.empty()) {
+      capture_oldest();
+      return reap(false);  // keeps the queue fed while the copies run
+    }
+    if (!staged.empty()) {
+      RETURN_IF_ERROR(finish());
+      RETURN_IF_ERROR(start_due_writes());
+      return reap(false);
+    }
+    RETURN_IF_ERROR(start_due_writes());
+    // A write in flight ends at the disk's speed, a turn may be far off:
+    // reap first.
+    if (pipeline.unfinished() > 0) return reap(true);
+    if (!paced.empty()) {
+      RETURN_IF_ERROR(wait_turn_and_write());
+      return reap(false);
+    }
+    *idle = true;
+    return absl::OkStatus();
   };
 
   bool staged_reported = false;
@@ -279,32 +366,29 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     staged_reported = true;
     if (req.on_staged) req.on_staged();
   };
+  auto check_cancelled = [&] {
+    if (req.cancelled != nullptr && req.cancelled->load()) {
+      first_error.Update(absl::CancelledError("save cancelled"));
+    }
+  };
 
-  // Stage every window, finishing the ones whose copies are done on the way.
+  // Stage every window as fast as the pool lends buffers: hashing and
+  // starting writes on the way, but never waiting for a write's turn or a
+  // tier copy while a buffer is free, so STAGED does not wait for the cap
+  // or the memory tier when the pool holds the file.
   uint64_t next = 0;
   while (next < layout.file_size && first_error.ok()) {
-    if (req.cancelled != nullptr && req.cancelled->load()) {
-      first_error = absl::CancelledError("save cancelled");
-      break;
-    }
+    check_cancelled();
+    if (!first_error.ok()) break;
     StagingLease buffer = pool_->TryAcquire();
     if (!buffer) {
-      // Back-pressure: finish the oldest staged window, or reap our own
-      // writes (each frees a buffer); with nothing of our own under way,
-      // wait for another file's buffer.
-      absl::Status s;
-      if (!staged.empty()) {
-        s = finish();
-      } else if (pipeline.unfinished() > 0) {
-        s = reap(true);
-      } else {
-        buffer = pool_->Acquire();
-      }
-      if (!s.ok()) {
-        first_error.Update(s);
-        break;
-      }
-      if (!buffer) continue;
+      // Back-pressure: free or wait for one of our own buffers; with
+      // nothing of our own under way, wait for another file's buffer.
+      bool idle = false;
+      first_error.Update(advance(&idle));
+      if (!first_error.ok()) break;
+      if (!idle) continue;
+      buffer = pool_->Acquire();
     }
     absl::Status s = stage(next, std::move(buffer));
     next = std::min(next + window_bytes, layout.file_size);
@@ -312,10 +396,10 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
       if (req.last_file_of_batch) s = batch->AllEnqueued();
       if (s.ok() && req.on_enqueued) req.on_enqueued();
     }
-    // Copies that completed at once (host memory) are hashed and written
-    // right away, so the disk starts early. Copies still running (a GPU's)
-    // are left to run: staging goes on while buffers are free, so the last
-    // copy is enqueued as soon as the pool allows, and hashing waits.
+    // Copies that completed at once (host memory) are hashed right away,
+    // so the disk starts early. Copies still running (a GPU's) are left to
+    // run: staging goes on while buffers are free, so the last copy is
+    // enqueued as soon as the pool allows, and hashing waits.
     if (s.ok()) {
       absl::StatusOr<bool> ready = batch->Ready(staged.back().ticket);
       if (!ready.ok()) {
@@ -325,6 +409,8 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
         while (s.ok() && !staged.empty()) s = finish();
       }
     }
+    if (s.ok()) s = start_due_writes();
+    if (s.ok()) s = reap(false);
     first_error.Update(s);
   }
   // Every copy is complete once the last window's is: that is STAGED.
@@ -333,15 +419,18 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
                            absl::StrCat("stage ", req.path));
   }
   if (first_error.ok()) report_staged();
-  while (first_error.ok() && !staged.empty()) first_error.Update(finish());
-  while (first_error.ok() && pipeline.unfinished() > 0) {
-    first_error.Update(reap(true));
+  // Then the rest: hash, write each window in its turn, copy it into the
+  // tier image, until nothing of the file is left.
+  for (bool idle = false; first_error.ok() && !idle;) {
+    check_cancelled();
+    if (first_error.ok()) first_error.Update(advance(&idle));
   }
   if (!first_error.ok()) {
     // Explicit here for the reader; the destructors would do the same.
     // Staged buffers wait for their copies, written ones for their writes;
     // a queue that fails while waiting is logged by the pipeline with the
     // buffers it withholds, and first_error stays the error to report.
+    // Paced and uncaptured buffers have nothing in flight and just go back.
     staged.Discard();
     first_error.Update(pipeline.Abort());
     return first_error;

@@ -1,33 +1,46 @@
 // ShardWriter: streams one data file from a peer's memory to storage.
 //
-// The file is cut into windows of one staging buffer each. Each window is
-// first *staged*: borrow a buffer from the pool, put the safetensors header
-// in it, and enqueue the copy of the chunks' bytes from the peer on a
-// CopyOutBatch (for host memory, preads of the peer's bound memory file,
-// complete at once; D2H copies on the peer's GPU streams, complete
-// later). Then, in file order, each staged window is *finished*: wait for its copies, hash
-// the chunk bytes into their per-block XXH3, and hand the buffer to the
-// IoPipeline as an O_DIRECT write at the window's offset. Staging runs
-// ahead while pool buffers are free, finishing windows whose copies are
-// already done as it goes, so a GPU's copies run ahead of the disk and the
-// last copy is enqueued (the GPU-side STAGED) as early as the pool allows.
-// When no buffer is free, the writer finishes its oldest staged window,
-// reaps its own completions (each frees a buffer) or, with nothing of its
-// own in flight, blocks on the pool: that is the back-pressure that bounds
-// memory for checkpoints larger than the pool, and what makes the enqueue
-// of a state larger than the pool wait for the disk.
-// The last window is zero-padded to 4096 for O_DIRECT; once every write has
-// completed the file is truncated to its exact size and fsynced (an fsync is
-// not ordered after writes still in flight, so it must come after them),
-// both through FileOps, the seam that lets tests fail either step. Any error
-// removes the file: a failed Write leaves no data file behind.
+// The file is cut into windows of one staging buffer each. Each window goes
+// through four steps, all on the calling thread:
+//   1. *staged*: borrow a buffer from the pool, put the safetensors header
+//      in it, and enqueue the copy of the chunks' bytes from the peer on a
+//      CopyOutBatch (for host memory, preads of the peer's bound memory
+//      file, complete at once; D2H copies on the peer's GPU streams,
+//      complete later);
+//   2. *hashed*, in file order: wait for its copies, hash the chunk bytes
+//      into their per-block XXH3, zero-pad it to 4096 for O_DIRECT;
+//   3. *written*: once its turn under the write rate cap has come
+//      (RateLimiter), handed to the IoPipeline as an O_DIRECT write at the
+//      window's offset;
+//   4. with a memory-tier image to fill (ShardWriteRequest::capture),
+//      *captured*: copied from the buffer into the image after its write.
+// Staging runs ahead while pool buffers are free: it hashes windows whose
+// copies are already done and starts the writes whose turn has come, but it
+// never waits for a turn or copies into the tier image, so the last copy is
+// enqueued (the GPU-side STAGED) and complete (STAGED) as early as the pool
+// allows, whatever the cap and the tier. Under a cap, hashed windows wait
+// for their turn in their buffers; captures wait until staging is done or
+// out of buffers. When no buffer is free, the writer first does what frees
+// one of its own: a capture, hashing its oldest staged window, reaping its
+// writes, or waiting for its next write's turn; with nothing of its own
+// under way it blocks on the pool. That is the back-pressure that bounds
+// memory for checkpoints larger than the pool (every window in any step
+// holds its buffer, and there is no other queue), and what makes the
+// staging of a state larger than the pool follow storage, cap included.
+// Once every write has completed the file is truncated to its exact size
+// and fsynced (an fsync is not ordered after writes still in flight, so it
+// must come after them), both through FileOps, the seam that lets tests
+// fail either step. Any error removes the file: a failed Write leaves no
+// data file behind. Write returns OK only once every window is written and
+// captured.
 //
 // Staging buffers are StagingLeases: a staged window holds its lease until
-// its copies are done, then the IoPipeline holds it until its write's
-// completion is reaped. On every return, each buffer is back in the pool and
-// none went back while a copy or a write on it was in flight; one whose
-// copy or write can never be seen to end is kept out of the pool for good
-// (logged) rather than lent to another save.
+// its copies are done, a hashed one until its write starts, then the
+// IoPipeline holds it until its write's completion is reaped, and a window
+// to capture until its capture. On every return, each buffer is back in the
+// pool and none went back while a copy or a write on it was in flight; one
+// whose copy or write can never be seen to end is kept out of the pool for
+// good (logged) rather than lent to another save.
 //
 // Ownership: borrows the pool, the queue, the file operations and everything
 // passed to Write. Thread-safety: one call at a time per object; objects are
@@ -78,10 +91,14 @@ struct ShardWriteRequest {
   // after enqueuing it, then on_enqueued.
   bool last_file_of_batch = true;
   std::function<void()> on_enqueued;
+  // Once true, the writer stops at its next step (no new window is staged,
+  // no write waits for its turn any more) and Write returns Cancelled,
+  // unless every write of the file had completed already.
   const std::atomic<bool>* cancelled = nullptr;
   RateLimiter* limiter = nullptr;  // optional write rate cap
-  // Optional: each staged window is also copied here (a MemoryTier image of
-  // at least file_size bytes).
+  // Optional: each window is also copied here (a MemoryTier image of at
+  // least file_size bytes) after its write, off the staging path; when
+  // Write returns OK the image holds the whole file.
   char* capture = nullptr;
   // Called after each window is staged and after each write completes.
   std::function<void(const ShardWriteProgress&)> on_progress;

@@ -1,8 +1,9 @@
 // MemoryTier: recent checkpoints' data files kept in daemon RAM, so that a
 // trainer restarting on the same node restores at memory speed.
 //
-// While a part is written, ShardWriter copies each staged window into a
-// file image reserved here (Reserve); the images of a checkpoint become
+// While a part is written, ShardWriter copies each window into a file
+// image reserved here (Reserve), after the window's write and off the
+// staging path (save/shard_writer.h); the images of a checkpoint become
 // readable only once it commits (MarkCommitted), and are dropped if it
 // fails (Drop). Loads ask for an image by file (Find) and read it instead
 // of the file, verifying every block as from storage. The tier holds at

@@ -1,5 +1,5 @@
-// The write rate limiter (io/rate_limiter.h): its cap, a live change of it,
-// and a cancelled writer giving up its turn.
+// The write rate limiter (io/rate_limiter.h): its cap, a turn taken without
+// waiting, a live change of it, and a cancelled writer giving up its turn.
 #include "io/rate_limiter.h"
 
 #include <atomic>
@@ -25,6 +25,23 @@ TEST_CASE("a rate limiter spaces writes at its rate", "[io][rate_limiter]") {
   CHECK(SecondsSince(start) < 2.0);
 }
 
+TEST_CASE("a rate limiter's TryAcquire takes a turn only once it has come, "
+          "never waiting", "[io][rate_limiter]") {
+  RateLimiter limiter(1 << 20);  // 1 MiB/s: 8 MiB move the next turn 8 s on
+  const auto start = Clock::now();
+  CHECK(limiter.TryAcquire(8 << 20));
+  CHECK_FALSE(limiter.TryAcquire(4096));
+  CHECK_FALSE(limiter.TryAcquire(4096));
+  CHECK(SecondsSince(start) < 2.0);
+  // Lifted, or a new rate: the turn is there at once.
+  limiter.SetRate(0);
+  CHECK(limiter.TryAcquire(8 << 20));
+  CHECK(limiter.TryAcquire(8 << 20));
+  limiter.SetRate(1 << 20);
+  CHECK(limiter.TryAcquire(8 << 20));
+  CHECK_FALSE(limiter.TryAcquire(4096));
+}
+
 TEST_CASE("lifting a rate limit lets a waiting writer go at once",
           "[io][rate_limiter]") {
   RateLimiter limiter(1 << 20);  // 1 MiB/s: the second 8 MiB waits 8 s
@@ -43,11 +60,13 @@ TEST_CASE("a cancelled writer stops waiting for its turn", "[io][rate_limiter]")
   limiter.Acquire(8 << 20);
   std::atomic<bool> cancelled{false};
   const auto start = Clock::now();
-  std::thread writer([&] { limiter.Acquire(8 << 20, &cancelled); });
+  bool took_turn = true;
+  std::thread writer([&] { took_turn = limiter.Acquire(8 << 20, &cancelled); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   cancelled = true;
   writer.join();
   CHECK(SecondsSince(start) < 2.0);
+  CHECK_FALSE(took_turn);  // the writer knows it has no turn
 }
 
 }  // namespace

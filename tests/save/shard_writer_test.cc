@@ -3,7 +3,8 @@
 // progress, and what every failure leaves behind — no file, every staging
 // buffer back in the pool and none returned while a write on it was in
 // flight — whether the source, a write, the queue, the ftruncate or the
-// fsync fails, or the save is cancelled.
+// fsync fails, or the save is cancelled; and, under a write rate cap and
+// with a memory-tier image to fill, that neither holds up staging.
 #include "save/shard_writer.h"
 
 #include <atomic>
@@ -11,10 +12,13 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "io/io_queue.h"
+#include "io/rate_limiter.h"
+#include "io/staging_pool.h"
 #include "storage/durable_file.h"
 #include "support/fault_injecting_queue.h"
 #include "support/shard_fixture.h"
@@ -204,6 +208,108 @@ TEST_CASE(
   CHECK(queue.in_flight == 0);
   CHECK(queue.returned_while_outstanding == 0);
   CheckLeftNoFile(f);
+}
+
+// A pool that holds the whole of the fixture's file, with buffers of the
+// fixture's size, so that nothing but the cap or the tier could hold
+// staging up.
+std::unique_ptr<StagingPool> PoolHoldingTheFile(const ShardFixture& f) {
+  const uint64_t windows = (f.layout().file_size + kBufferBytes - 1) / kBufferBytes;
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool =
+      StagingPool::Create((windows + 2) * kBufferBytes, kBufferBytes);
+  INFO(pool.status());
+  REQUIRE(pool.ok());
+  return std::move(pool).value();
+}
+
+TEST_CASE(
+    "ShardWriter under a write rate cap stages the whole file its pool holds "
+    "without waiting for a write's turn, and writes it all",
+    "[shard_io][shard_writer][rate_limiter]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  // One window per second: every write after the first waits a second for
+  // its turn, so writing the whole file would take over ten seconds.
+  RateLimiter limiter(kBufferBytes);
+  ShardWriteRequest req = f.WriteRequest();
+  req.limiter = &limiter;
+  ShardWriteProgress last;
+  req.on_progress = [&](const ShardWriteProgress& p) { last = p; };
+  std::optional<ShardWriteProgress> at_staged;
+  req.on_staged = [&] {
+    at_staged = last;
+    limiter.SetRate(0);  // the rest of the file goes at once
+  };
+
+  ShardWriter writer(pool.get(), queue.get());
+  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  INFO(result.status());
+  REQUIRE(result.ok());
+  REQUIRE(at_staged.has_value());
+  // Staging finished while only the first write, whose turn was free, could
+  // have gone: the others were still waiting for theirs.
+  CHECK(at_staged->bytes_written <= kBufferBytes);
+  f.CheckFileMatchesSources(*result);
+  CHECK(pool->free_bytes() == pool->pool_bytes());
+}
+
+TEST_CASE(
+    "ShardWriter fills the memory-tier image with the whole file by the time "
+    "Write returns, and never before STAGED when the pool holds the file",
+    "[shard_io][shard_writer][memory_tier]") {
+  const bool pool_holds_file = GENERATE(false, true);
+  const bool capped = GENERATE(false, true);
+  INFO("pool holds the file: " << pool_holds_file << ", capped: " << capped);
+  ShardFixture f;
+  std::unique_ptr<StagingPool> big_pool;
+  StagingPool* pool = f.pool();  // smaller than the file: back-pressure
+  if (pool_holds_file) {
+    big_pool = PoolHoldingTheFile(f);
+    pool = big_pool.get();
+  }
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  RateLimiter limiter(capped ? 16 * kBufferBytes : 0);  // the file in ~1 s
+  constexpr char kUntouched = '\x5a';
+  std::string image(f.layout().file_size, kUntouched);
+  ShardWriteRequest req = f.WriteRequest();
+  req.limiter = &limiter;
+  req.capture = image.data();
+  bool untouched_at_staged = false;
+  req.on_staged = [&] {
+    untouched_at_staged =
+        image.find_first_not_of(kUntouched) == std::string::npos;
+  };
+
+  ShardWriter writer(pool, queue.get());
+  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  INFO(result.status());
+  REQUIRE(result.ok());
+  f.CheckFileMatchesSources(*result);
+  CHECK(image == ReadWholeFile(f.path()));
+  // With every window in the pool, the tier copies wait until STAGED.
+  if (pool_holds_file) CHECK(untouched_at_staged);
+  CHECK(pool->free_bytes() == pool->pool_bytes());
+}
+
+TEST_CASE(
+    "ShardWriter cancelled while its staged windows wait for their write turn "
+    "stops waiting, returns Cancelled and leaves no file",
+    "[shard_io][shard_writer][rate_limiter]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  RateLimiter limiter(kBufferBytes);  // over ten seconds of turns
+  std::atomic<bool> cancelled{false};
+  ShardWriteRequest req = f.WriteRequest();
+  req.limiter = &limiter;
+  req.cancelled = &cancelled;
+  req.on_staged = [&] { cancelled.store(true); };
+
+  ShardWriter writer(pool.get(), queue.get());
+  CHECK(writer.Write(req).status().code() == absl::StatusCode::kCancelled);
+  CHECK_FALSE(FileExists(f.path()));
+  CHECK(pool->free_bytes() == pool->pool_bytes());
 }
 
 // The real file operations, except that `fail` (Truncate or Fsync) returns
