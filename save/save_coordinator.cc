@@ -33,6 +33,32 @@ std::chrono::steady_clock::duration LocalRanksTimeout(uint64_t ms) {
 
 using ListenerCalls = SaveProgressBoard::ListenerCalls;
 
+// When the part's phases ended, in ms from the start of its writing: how
+// much of the writing overlapped the staging (docs/OPERATIONS.md, "Logs").
+void LogPartWritten(const SavePart& part, ShardWriteResult::Clock::time_point started) {
+  using Clock = ShardWriteResult::Clock;
+  auto ms = [&](Clock::time_point at) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(at - started).count();
+  };
+  Clock::time_point staged = started, first_write = Clock::time_point::max(),
+                    written = started, synced = started;
+  uint64_t bytes = 0;
+  for (const ShardWriteResult& r : part.results) {
+    bytes += r.file_size;
+    staged = std::max(staged, r.staged_at);
+    if (r.first_write_at != Clock::time_point()) {
+      first_write = std::min(first_write, r.first_write_at);
+    }
+    written = std::max(written, r.written_at);
+    synced = std::max(synced, r.synced_at);
+  }
+  LogFields fields;
+  fields.Set("files", part.results.size()).Set("bytes", bytes).Set("staged_ms", ms(staged));
+  if (first_write != Clock::time_point::max()) fields.Set("first_write_ms", ms(first_write));
+  fields.Set("written_ms", ms(written)).Set("synced_ms", ms(synced));
+  LogInfo(fields, "part written");
+}
+
 }  // namespace
 
 SaveCoordinator::SaveCoordinator(const SaveOptions& options,
@@ -133,7 +159,10 @@ void SaveCoordinator::RunPart(const std::shared_ptr<SavePart>& part,
   const absl::Status status = [&] {
     // Only the writing: what follows may log about other parts.
     const ScopedLogFields writing(std::move(fields));
-    return writer_.Write(*part, queue);
+    const ShardWriteResult::Clock::time_point started = ShardWriteResult::Clock::now();
+    absl::Status written = writer_.Write(*part, queue);
+    if (written.ok()) LogPartWritten(*part, started);
+    return written;
   }();
   ListenerCalls calls;
   InFlightCheckpoints::PartFinished finished =

@@ -159,7 +159,10 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
         file_ops_.Truncate(fd.get(), req.layout->file_size, req.path);
     if (durable.ok()) durable = file_ops_.Fsync(fd.get(), req.path);
     if (durable.ok()) CrashPoint("data", "synced");
-    if (durable.ok()) return result;
+    if (durable.ok()) {
+      result->synced_at = ShardWriteResult::Clock::now();
+      return result;
+    }
     result = durable;
   }
   RemovePartialFile(*dir, name);
@@ -306,6 +309,9 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     write.length = static_cast<uint32_t>(w.padded);
     write.offset = w.offset;
     write.tag = w.offset;
+    if (result.first_write_at == ShardWriteResult::Clock::time_point()) {
+      result.first_write_at = ShardWriteResult::Clock::now();
+    }
     return Annotate(pipeline.Start(write, std::move(w.buffer)), req.path);
   };
 
@@ -364,6 +370,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
   auto report_staged = [&] {
     if (staged_reported) return;
     staged_reported = true;
+    result.staged_at = ShardWriteResult::Clock::now();
     if (req.on_staged) req.on_staged();
   };
   auto check_cancelled = [&] {
@@ -435,6 +442,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     first_error.Update(pipeline.Abort());
     return first_error;
   }
+  result.written_at = ShardWriteResult::Clock::now();
   return result;
 }
 

@@ -48,6 +48,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -110,6 +111,11 @@ struct ShardWriteRequest {
 struct ShardWriteResult {
   uint64_t file_size = 0;
   std::vector<std::vector<uint64_t>> block_xxh3;  // per entry
+  // When each phase of the file ended, for the part's log line (how much of
+  // the writing overlapped the staging): every copy complete, the first
+  // write started, the last write complete, the fsync done.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point staged_at, first_write_at, written_at, synced_at;
 };
 
 class ShardWriter {
