@@ -45,6 +45,12 @@ absl::StatusOr<DTypeInfo> Lookup(v1::DType dtype) {
       return DTypeInfo{1, "F8_E4M3"};
     case v1::DTYPE_F8_E5M2:
       return DTypeInfo{1, "F8_E5M2"};
+    case v1::DTYPE_C64:
+      return DTypeInfo{8, "C64"};
+    case v1::DTYPE_F8_E4M3FNUZ:
+      return DTypeInfo{1, "F8_E4M3FNUZ"};
+    case v1::DTYPE_F8_E5M2FNUZ:
+      return DTypeInfo{1, "F8_E5M2FNUZ"};
     default:
       // DTYPE_UNSPECIFIED, and values a newer peer may send that this build
       // does not know (proto3 enums are open).

@@ -52,7 +52,8 @@ uint64_t SafetensorsDTypeSize(const std::string& name) {
   static const std::map<std::string, uint64_t> kSizes = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
       {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+      {"C64", 8},  {"F8_E4M3FNUZ", 1},     {"F8_E5M2FNUZ", 1}};
   auto it = kSizes.find(name);
   return it == kSizes.end() ? 0 : it->second;
 }
@@ -494,7 +495,9 @@ TEST_CASE("Every DType has its safetensors name and element size", "[dtype]") {
       {v1::DTYPE_U32, "U32", 4},         {v1::DTYPE_F32, "F32", 4},
       {v1::DTYPE_F64, "F64", 8},         {v1::DTYPE_I64, "I64", 8},
       {v1::DTYPE_U64, "U64", 8},         {v1::DTYPE_F8_E4M3, "F8_E4M3", 1},
-      {v1::DTYPE_F8_E5M2, "F8_E5M2", 1},
+      {v1::DTYPE_F8_E5M2, "F8_E5M2", 1}, {v1::DTYPE_C64, "C64", 8},
+      {v1::DTYPE_F8_E4M3FNUZ, "F8_E4M3FNUZ", 1},
+      {v1::DTYPE_F8_E5M2FNUZ, "F8_E5M2FNUZ", 1},
   };
   // Every enum value except UNSPECIFIED is covered by the table.
   CHECK(table.size() == static_cast<size_t>(v1::DType_MAX - v1::DType_MIN));

@@ -35,12 +35,13 @@ MAX_HEADER_BYTES = 100_000_000  # safetensors' MAX_HEADER_SIZE
 
 DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
     "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
 }
 # numpy has no bfloat16 or float8 types: these are checked from the header.
-NOT_IN_NUMPY = {"BF16", "F8_E4M3", "F8_E5M2"}
+NOT_IN_NUMPY = {"BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
 
 
 class Violation(Exception):
