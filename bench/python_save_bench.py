@@ -12,8 +12,11 @@ tensors of 16 KiB (16 MiB; the save call does not depend on the bytes):
 Each Python save is timed around the call alone (perf_counter_ns); then the
 loop waits for the commit, untimed, as loadgen does. Garbage collections
 are counted with gc.callbacks: those that started inside a save call (what
-the save path triggers) and all of them during the loop. Prints one JSON
-object per measurement and a summary line.
+the save path triggers) and all of them during the loop; where none ran,
+the growth of the collector's generation-0 count over the loop, per save,
+says how many container objects each save leaves alive (0: no per-save
+garbage for the collector to find). Prints one JSON object per measurement
+and a summary line.
 
     .venv/bin/python bench/python_save_bench.py [--build build] [--saves 200]
                                                 [--package DIR]
@@ -65,6 +68,7 @@ def time_saves(name, save, saves):
     counter = GcCounter()
     gc.callbacks.append(counter)
     times = []
+    gen0_before = gc.get_count()[0]
     try:
         for i in range(1, saves + 1):
             counter.in_call = True
@@ -74,15 +78,21 @@ def time_saves(name, save, saves):
             counter.in_call = False
             times.append((t1 - t0) / 1e6)
             response.upload_completion.result()
+        gen0_after = gc.get_count()[0]
     finally:
         gc.callbacks.remove(counter)
+    # Allocations minus deallocations of tracked objects since the last
+    # collection: meaningful only when no collection ran in the loop.
+    net = (round((gen0_after - gen0_before) / saves, 2)
+           if sum(counter.total) == 0 else None)
     return {"measurement": name, "saves": saves, "tensors": TENSORS,
             "save_call_ms_p50": round(statistics.median(times), 3),
             "save_call_ms_p99": round(percentile(times, 99), 3),
             "save_call_ms_max": round(max(times), 3),
             "gc_collections_in_save_call": counter.during_call,
             "gc_collections_in_loop": counter.total,
-            "gc_pause_ms_in_loop": round(counter.pause_ns / 1e6, 3)}
+            "gc_pause_ms_in_loop": round(counter.pause_ns / 1e6, 3),
+            "gc_gen0_growth_per_save": net}
 
 
 def loadgen(build, socket, job, saves):

@@ -58,13 +58,15 @@ namespace {
 
 enum LeafKind : int { kValue = 0, kReferenced = 1, kCopied = 2 };
 
-// What a tensor's memory looked like when the plan was made.
+// What a tensor's memory looked like when the plan was made. Sizes and
+// strides are kept inline: a heap block per leaf would be one more cache
+// miss per leaf and save.
 struct Memory {
   const void* data = nullptr;
   const void* storage_base = nullptr;
   size_t storage_bytes = 0;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
@@ -73,6 +75,7 @@ struct Leaf {
   bool checked = false;  // part of Digest()
   bool dtensor = false;
   py::object type;       // the leaf's Python type (tensors)
+  py::object local_type; // a DTensor's local tensor's Python type
   py::object spec;       // a DTensor's _spec when planned
   py::object mesh;       // ... its mesh
   py::object placements;
@@ -116,23 +119,34 @@ Py_ssize_t SlotOffset(PyTypeObject* type, const py::str& name) {
   return offset;
 }
 
+// The value in `o`'s slot at offset `slot` (borrowed), or null: no slot,
+// or the slot is unset. `o` must be an instance of the type the offset
+// was read from.
+PyObject* SlotValue(PyObject* o, Py_ssize_t slot) {
+  if (slot < 0) return nullptr;
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + slot);
+}
+
 // o.<name>, from its slot when `slot` is one (a new reference; an unset
 // slot raises AttributeError, as the lookup would).
 py::object Attribute(PyObject* o, Py_ssize_t slot, const py::str& name) {
-  if (slot >= 0) {
-    PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + slot);
-    if (v != nullptr) return py::reinterpret_borrow<py::object>(v);
-  }
+  if (PyObject* v = SlotValue(o, slot)) return py::reinterpret_borrow<py::object>(v);
   return py::reinterpret_borrow<py::object>(o).attr(name);
 }
 
-bool SameVector(c10::IntArrayRef a, const std::vector<int64_t>& b) {
+bool SameVector(c10::IntArrayRef a, c10::IntArrayRef b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// The tensor of a THPVariable whose type was checked (borrowed).
+const c10::TensorImpl* ImplOf(PyObject* tensor) {
+  return THPVariable_Unpack(tensor).unsafeGetTensorImpl();
 }
 
 Memory MemoryOf(const at::Tensor& t) {
   Memory m;
-  m.data = t.numel() == 0 ? nullptr : t.data_ptr();
+  // const_data_ptr: data_ptr() would materialise a copy-on-write storage.
+  m.data = t.numel() == 0 ? nullptr : t.const_data_ptr();
   if (t.has_storage()) {
     m.storage_base = t.storage().data();
     m.storage_bytes = t.storage().nbytes();
@@ -165,6 +179,8 @@ class StateCache {
           throw py::value_error("a copy buffer must be a contiguous CPU tensor");
         }
       }
+      referenced_ += leaf.kind == kReferenced;
+      values_ += leaf.kind == kValue;
       leaves_.push_back(std::move(leaf));
     }
     size_t next = 0;
@@ -177,21 +193,31 @@ class StateCache {
   // (tensors to keep alive, value leaves) if `state_dict` fits the plan,
   // else None.
   py::object Match(py::handle state_dict) {
+    // Allocated before the walk, so that on the common path (same spec
+    // objects, slots set) no Python object is allocated, and so no
+    // collection and its finalizers run, while the leaves are held
+    // borrowed.
+    py::list keep(referenced_);
+    py::list values(values_);
     size_t node = 0;
+    held_.clear();
     if (!Check(state_dict.ptr(), &node) || node != nodes_.size() || !LeavesFit()) {
+      leaf_objects_.clear();
+      held_.clear();
       return py::none();
     }
-    py::list keep;
-    py::list values;
+    size_t kept = 0, valued = 0;
     for (size_t i = 0; i < leaves_.size(); ++i) {
       const Leaf& leaf = leaves_[i];
       PyObject* o = leaf_objects_[i];
       if (leaf.kind == kValue) {
-        values.append(py::handle(o));
+        Py_INCREF(o);
+        PyList_SET_ITEM(values.ptr(), static_cast<Py_ssize_t>(valued++), o);
         continue;
       }
       if (leaf.kind == kReferenced) {
-        keep.append(py::handle(o));
+        Py_INCREF(o);
+        PyList_SET_ITEM(keep.ptr(), static_cast<Py_ssize_t>(kept++), o);
         continue;
       }
       const at::Tensor& src = THPVariable_Unpack(o);
@@ -203,6 +229,7 @@ class StateCache {
       }
     }
     leaf_objects_.clear();
+    held_.clear();  // each is in `keep` now
     return py::make_tuple(keep, values);
   }
 
@@ -335,6 +362,9 @@ class StateCache {
       leaf.global_shape = leaf.spec.attr(shape_name_);
     }
     py::object local = LocalOf(leaf, o);
+    if (!IsTensor(local.ptr())) throw py::value_error("a DTensor whose local tensor is not one");
+    leaf.local_type = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(Py_TYPE(local.ptr())));
     const at::Tensor& t = THPVariable_Unpack(local.ptr());
     if (!t.is_cpu() || t.layout() != c10::kStrided) {
       throw py::value_error("only dense CPU tensors are cached");
@@ -390,37 +420,95 @@ class StateCache {
 
   // Checks every leaf Check collected, replacing each by the object Match
   // uses. The leaves' objects lie all over the heap and each check chases
-  // pointers (DTensor -> local tensor -> TensorImpl -> StorageImpl): the
-  // loop prefetches the leaves ahead of it, so their cache misses overlap
-  // instead of coming one after another.
+  // pointers: DTensor -> local tensor -> TensorImpl -> StorageImpl, each
+  // most likely a cache miss on a trainer's machine (the daemon and the
+  // training step ran since the last save). The loop is a software
+  // pipeline: kStage leaves apart, a later leaf's next pointer is read
+  // (its object being in cache by then) and the object it names is
+  // prefetched, so the misses of 4 * kStage leaves overlap instead of
+  // coming one after another. The pipeline only reads pointers and
+  // prefetches (a prefetch never faults); each leaf is then checked in full
+  // by LeafFits, which uses what the pipeline found only where the types it
+  // was found through are still the planned ones.
   bool LeavesFit() {
-    constexpr size_t kAhead = 8;
+    constexpr size_t kStage = 4;
     const size_t n = leaves_.size();
-    for (size_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(leaf_objects_[i]);
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) __builtin_prefetch(leaf_objects_[i + kAhead]);
-      const size_t j = i + kAhead / 2;  // its object is in cache by now
-      if (j < n && leaves_[j].kind != kValue) {
-        PyObject* o = leaf_objects_[j];
-        if (leaves_[j].dtensor && leaves_[j].local_slot >= 0 &&
-            reinterpret_cast<PyObject*>(Py_TYPE(o)) == leaves_[j].type.ptr()) {
-          __builtin_prefetch(
-              *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + leaves_[j].local_slot));
-        } else if (!leaves_[j].dtensor && IsTensor(o)) {
-          __builtin_prefetch(THPVariable_Unpack(o).unsafeGetTensorImpl());
-        }
+    tensors_.assign(n, nullptr);
+    impls_.assign(n, nullptr);
+    auto object = [&](size_t j) {  // stage 1
+      PyObject* o = leaf_objects_[j];
+      __builtin_prefetch(o);
+      if (leaves_[j].dtensor && leaves_[j].local_slot >= 0) {
+        __builtin_prefetch(reinterpret_cast<char*>(o) + leaves_[j].local_slot);
       }
-      PyObject* found = LeafFits(leaves_[i], leaf_objects_[i]);
-      if (found == nullptr) return false;
-      leaf_objects_[i] = found;
+    };
+    auto tensor = [&](size_t j) {  // stage 2: the object is in cache
+      const Leaf& leaf = leaves_[j];
+      PyObject* o = leaf_objects_[j];
+      if (leaf.kind == kValue || reinterpret_cast<PyObject*>(Py_TYPE(o)) != leaf.type.ptr()) {
+        return;
+      }
+      if (leaf.dtensor) {
+        o = SlotValue(o, leaf.local_slot);
+        if (o == nullptr) return;
+        __builtin_prefetch(o);
+      }
+      tensors_[j] = o;
+    };
+    auto impl = [&](size_t j) {  // stage 3: the tensor object is in cache
+      PyObject* t = tensors_[j];
+      if (t == nullptr) return;
+      const Leaf& leaf = leaves_[j];
+      if (leaf.dtensor && reinterpret_cast<PyObject*>(Py_TYPE(t)) != leaf.local_type.ptr()) {
+        tensors_[j] = nullptr;  // not the planned tensor type: LeafFits looks again
+        return;
+      }
+      const c10::TensorImpl* p = ImplOf(t);
+      impls_[j] = p;
+      for (size_t line = 0; line < sizeof(c10::TensorImpl); line += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(p) + line);
+      }
+    };
+    auto storage = [&](size_t j) {  // stage 4: the TensorImpl is in cache
+      if (const c10::TensorImpl* p = impls_[j]) {
+        __builtin_prefetch(p->unsafe_storage().unsafeGetStorageImpl());
+      }
+    };
+    for (size_t i = 0; i < n + 4 * kStage; ++i) {
+      if (i < n) object(i);
+      if (i >= kStage && i - kStage < n) tensor(i - kStage);
+      if (i >= 2 * kStage && i - 2 * kStage < n) impl(i - 2 * kStage);
+      if (i >= 3 * kStage && i - 3 * kStage < n) storage(i - 3 * kStage);
+      if (i >= 4 * kStage) {
+        const size_t j = i - 4 * kStage;
+        PyObject* found = LeafFits(leaves_[j], leaf_objects_[j], tensors_[j]);
+        if (found == nullptr) return false;
+        leaf_objects_[j] = found;
+      }
+    }
+    return true;
+  }
+
+  // Whether a DTensor's spec, not the planned object, has the planned
+  // mesh, placements and global shape (the wrapper's own sizes would go
+  // through Python dispatch).
+  bool SameSpec(const Leaf& leaf, PyObject* o) const {
+    py::object spec = Attribute(o, leaf.spec_slot, spec_name_);
+    if (spec.attr(mesh_name_).ptr() != leaf.mesh.ptr()) return false;
+    for (auto [name, want] : {std::pair{&placements_name_, &leaf.placements},
+                              std::pair{&shape_name_, &leaf.global_shape}}) {
+      const int eq = PyObject_RichCompareBool(spec.attr(*name).ptr(), want->ptr(), Py_EQ);
+      if (eq < 0) throw py::error_already_set();
+      if (eq == 0) return false;
     }
     return true;
   }
 
   // The object Match uses for a leaf that fits (the value, the tensor, a
-  // DTensor's local tensor, borrowed: the caller's dict holds them all
-  // during Match), or null.
-  PyObject* LeafFits(const Leaf& leaf, PyObject* o) const {
+  // DTensor's local tensor; borrowed: the caller's dict holds them all
+  // during Match, and held_ what a lookup made), or null. `tensor`: the
+  // tensor object LeavesFit found through the planned types, or null.
+  PyObject* LeafFits(const Leaf& leaf, PyObject* o, PyObject* tensor) {
     if (leaf.kind == kValue) {
       if (IsTensor(o) || IsMapping(o)) return nullptr;
       if (PyList_Check(o) && !IsLeafList(o)) return nullptr;
@@ -430,24 +518,18 @@ class StateCache {
     }
     if (reinterpret_cast<PyObject*>(Py_TYPE(o)) != leaf.type.ptr()) return nullptr;
     PyObject* local = o;
-    py::object holder;
     if (leaf.dtensor) {
-      // The spec holds mesh, placements and global shape (the wrapper's own
-      // sizes would go through Python dispatch).
-      py::handle h(o);
-      py::object spec = Attribute(o, leaf.spec_slot, spec_name_);
-      if (!spec.is(leaf.spec)) {
-        if (spec.attr(mesh_name_).ptr() != leaf.mesh.ptr()) return nullptr;
-        for (auto [name, want] : {std::pair{&placements_name_, &leaf.placements},
-                                  std::pair{&shape_name_, &leaf.global_shape}}) {
-          const int eq = PyObject_RichCompareBool(spec.attr(*name).ptr(), want->ptr(), Py_EQ);
-          if (eq < 0) throw py::error_already_set();
-          if (eq == 0) return nullptr;
-        }
+      // The same spec object (what a training loop keeps), compared without
+      // touching it, or an equal one.
+      PyObject* spec = SlotValue(o, leaf.spec_slot);
+      if (spec != leaf.spec.ptr() && !SameSpec(leaf, o)) return nullptr;
+      local = tensor;
+      if (local == nullptr) {
+        py::object found = Attribute(o, leaf.local_slot, local_name_);
+        if (!IsTensor(found.ptr())) return nullptr;
+        local = found.ptr();
+        held_.push_back(std::move(found));
       }
-      holder = Attribute(o, leaf.local_slot, local_name_);
-      local = holder.ptr();
-      if (!IsTensor(local)) return nullptr;
     }
     const at::Tensor& t = THPVariable_Unpack(local);
     const Memory& m = leaf.memory;
@@ -458,7 +540,7 @@ class StateCache {
     if (leaf.kind == kCopied) return local;
     if (!SameVector(t.strides(), m.strides)) return nullptr;
     if (t.numel() == 0) return local;
-    if (t.data_ptr() != m.data || !t.has_storage()) return nullptr;
+    if (!t.has_storage() || t.const_data_ptr() != m.data) return nullptr;
     const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
     const bool same = storage.data() == m.storage_base && storage.nbytes() == m.storage_bytes;
     return same ? local : nullptr;
@@ -469,7 +551,15 @@ class StateCache {
   const py::object mapping_type_;
   std::vector<Node> nodes_;
   std::vector<Leaf> leaves_;
-  std::vector<PyObject*> leaf_objects_;  // borrowed, during Match only
+  size_t referenced_ = 0;  // leaves of kind kReferenced
+  size_t values_ = 0;      // ... kValue
+  // During Match only: the leaves' objects (borrowed), the tensor objects
+  // and TensorImpls LeavesFit's pipeline found, and what a slow-path
+  // attribute lookup returned (owned, until Match has put it in `keep`).
+  std::vector<PyObject*> leaf_objects_;
+  std::vector<PyObject*> tensors_;
+  std::vector<const c10::TensorImpl*> impls_;
+  std::vector<py::object> held_;
 };
 
 py::bytes DigestTensors(py::list tensors) {

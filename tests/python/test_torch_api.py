@@ -163,6 +163,57 @@ def replicated_state_rank(socket, store, rank, world, job):
         dist.destroy_process_group()
 
 
+def dtensor_plan_rank(socket, store, rank, world, job):
+    """One rank with DTensors: the save plan is reused while every DTensor
+    keeps its spec (or an equal one) and its local tensor's memory, and
+    made afresh when either changes; every checkpoint holds the bytes of
+    its save."""
+    dist = _init(store, rank, world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        w = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)  # saved in place
+        sd = {"model": {"w": distribute_tensor(w, mesh, [Shard(0)]),
+                        "b": distribute_tensor(torch.ones(8), mesh, [Shard(0)])}}
+        c = ckpt.checkpointer(job, socket)
+
+        def save_and_check(name, expect_same_plan):
+            before = c._plan
+            ckpt.save(sd, checkpoint_id=name, job=job, socket=socket)
+            assert (c._plan is before) == expect_same_plan, name
+            want = {k: v.full_tensor().clone() for k, v in sd["model"].items()}
+            fresh = {"model": {k: distribute_tensor(torch.zeros_like(v), mesh,
+                                                    sd["model"][k].placements)
+                               for k, v in want.items()}}
+            assert ckpt.load(fresh, checkpoint_id=name, job=job, socket=socket) == name
+            for k, v in want.items():
+                assert torch.equal(fresh["model"][k].full_tensor(), v), (name, k)
+
+        save_and_check("d1", False)
+        sd["model"]["w"].to_local().add_(1)  # same memory, new bytes
+        sd["model"]["b"].to_local().fill_(2)  # copied at the call
+        save_and_check("d2", True)
+        # A new DTensor (and spec object) over the same local tensor.
+        sd["model"]["w"] = DTensor.from_local(sd["model"]["w"].to_local(), mesh, [Shard(0)])
+        save_and_check("d3", True)
+        sd["model"]["w"]._local_tensor = sd["model"]["w"].to_local() + 1  # elsewhere
+        save_and_check("d4", False)
+        # The same memory under another tensor type: found the slow way.
+        sd["model"]["w"]._local_tensor = torch.nn.Parameter(sd["model"]["w"].to_local(),
+                                                            requires_grad=False)
+        save_and_check("d5", True)
+        # The same local tensor object, moved to other storage (to_local() would
+        # hand out a view).
+        sd["model"]["w"]._local_tensor.set_(torch.full((64, 64), 7.0))
+        save_and_check("d6", False)
+        sd["model"]["w"] = distribute_tensor(torch.full((64, 64), 9.0), mesh, [Replicate()])
+        save_and_check("d7", False)
+        save_and_check("d8", True)
+    finally:
+        dist.destroy_process_group()
+
+
 class TorchApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -385,6 +436,11 @@ class TorchApiTest(unittest.TestCase):
         sd["model"]["extra"] = torch.zeros(3)  # another structure
         save_and_check("p6", False)
         save_and_check("p7", True)
+
+    def test_the_save_plan_of_dtensors_is_reused_only_while_spec_and_memory_stay(self):
+        store = os.path.join(self.daemon.dir, "gloo-dtensor-plan")
+        self.assertEqual(run_ranks(dtensor_plan_rank, 1, self.daemon.socket, store,
+                                   "dtensor-plan"), [0])
 
     def test_stock_dcp_loads_the_tensors_saved_through_ckptd_torch(self):
         import torch.distributed.checkpoint as dcp

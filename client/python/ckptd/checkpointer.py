@@ -176,7 +176,7 @@ class Checkpointer:
             # daemon error keeps its class (DaemonUnavailable, ...).
             self._plan = None
             return AsyncSaveResponse.failed(checkpoint_id, raised or e)
-        response = AsyncSaveResponse(checkpoint_id)
+        response = self._watcher.take(checkpoint_id)
         try:
             if holders != plan.holders:
                 # Other holders than planned (ranks joined or left an fqn):

@@ -17,7 +17,10 @@ per save would cost the save call a thread start (~1 ms on a loaded
 machine). Staging waits run one at a time, in order: a checkpointer submits
 a save only once the previous one is STAGED. Commit waits run in order on
 the second thread, so a commit never delays a later save's staging. Both
-threads wait in the binding without the GIL.
+threads wait in the binding without the GIL. The staging thread also makes
+the next save's response once a save is staged (`take`): two
+concurrent.futures.Future cost the save call ~30 us on a machine whose
+caches the daemon and the training step have just walked through.
 
 Thread-safety: the futures are concurrent.futures.Future (thread-safe); a
 watcher thread alone touches a save handle after submission.
@@ -85,6 +88,16 @@ class SaveWatcher:
         self._staging: "queue.SimpleQueue" = queue.SimpleQueue()
         self._commits: "queue.SimpleQueue" = queue.SimpleQueue()
         self._started = False
+        self._spare: Optional[AsyncSaveResponse] = None
+
+    def take(self, checkpoint_id: str) -> AsyncSaveResponse:
+        """A fresh response for the next save: the one the staging thread
+        made ahead, if it has, else a new one."""
+        response, self._spare = self._spare, None
+        if response is None:
+            return AsyncSaveResponse(checkpoint_id)
+        response.checkpoint_id = checkpoint_id
+        return response
 
     def watch(self, response: AsyncSaveResponse, handle, keep_alive, socket) -> None:
         response._handle = handle
@@ -108,6 +121,8 @@ class SaveWatcher:
             r._keep_alive = None  # the daemon has its copy
             r.staging_completion.set_result(None)
             self._commits.put(r)
+            if self._spare is None:
+                self._spare = AsyncSaveResponse("")
 
     def _commit(self, q) -> None:
         while True:
