@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/handshake_frame.h"
 #include "common/save_phase.h"
 #include "common/status.h"
@@ -27,7 +28,50 @@ namespace {
 
 constexpr auto kHandshakeRetryFor = std::chrono::seconds(2);
 
-absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
+// One unary RPC: the plain blocking call without a canceller (the fastest,
+// and what a C++ trainer's save call uses), else through the callback API
+// under the canceller (CallCanceller::Run).
+template <typename Request, typename Response>
+absl::Status Unary(
+    v1::Ckptd::Stub* stub, CallCanceller* canceller, absl::string_view what,
+    grpc::Status (v1::Ckptd::StubInterface::*sync)(grpc::ClientContext*, const Request&,
+                                                   Response*),
+    void (v1::Ckptd::StubInterface::async_interface::*async)(
+        grpc::ClientContext*, const Request*, Response*, std::function<void(grpc::Status)>),
+    const Request& request, Response* response) {
+  grpc::ClientContext context;
+  if (canceller == nullptr) return FromGrpc((stub->*sync)(&context, request, response), what);
+  return FromGrpc(canceller->Run(&context,
+                                 [&](CallCanceller::Completion done) {
+                                   (stub->async()->*async)(&context, &request, response,
+                                                           std::move(done));
+                                 }),
+                  what);
+}
+
+// Whether `canceller` (may be null) is cancelled, polling it first.
+bool Interrupted(CallCanceller* canceller) {
+  return canceller != nullptr && canceller->Poll();
+}
+
+// Waits until `fd` is readable, polling `canceller` between slices.
+absl::Status AwaitReadable(int fd, CallCanceller* canceller, absl::string_view what) {
+  const int slice_ms =
+      canceller == nullptr || canceller->poll_every() == absl::InfiniteDuration()
+          ? -1
+          : static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(
+                                                      canceller->poll_every())));
+  for (;;) {
+    if (Interrupted(canceller)) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+    pollfd p = {fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, slice_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("poll(", what, ")"));
+    if (n > 0) return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<UniqueFd> DialHandshake(const std::string& path, CallCanceller* canceller) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -54,6 +98,9 @@ absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
       return Annotate(ErrnoToStatus(err, absl::StrCat("connect ", path)),
                       "is ckptd running?");
     }
+    if (Interrupted(canceller)) {
+      return absl::CancelledError(absl::StrCat("connect ", path, ": cancelled"));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return fd;
@@ -61,10 +108,13 @@ absl::StatusOr<UniqueFd> DialHandshake(const std::string& path) {
 
 // Reads the daemon's one frame. A daemon that refuses the session (most
 // often: --max_sessions are open) closes the socket without writing one.
-absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd) {
+// A daemon that is stopped accepts the connection (the kernel does) but
+// never writes: the read waits in slices so that a canceller can end it.
+absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd, CallCanceller* canceller) {
   char bytes[kHandshakeFrameBytes];
   size_t got = 0;
   while (got < sizeof(bytes)) {
+    RETURN_IF_ERROR(AwaitReadable(fd, canceller, "handshake"));
     const ssize_t n = ::recv(fd, bytes + got, sizeof(bytes) - got, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoToStatus(errno, "handshake recv");
@@ -106,15 +156,82 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
                       absl::StrCat(what, ": ", status.error_message()));
 }
 
+void CallCanceller::Cancel() {
+  // Only marks it: the calling thread, which Run wakes through mu_, cancels
+  // its own call, so no context is touched from here while it may end.
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+}
+
+bool CallCanceller::cancelled() {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool CallCanceller::Poll() {
+  if (cancelled()) return true;
+  if (!interrupted_ || !interrupted_()) return false;
+  Cancel();
+  return true;
+}
+
+grpc::Status CallCanceller::Run(
+    grpc::ClientContext* context, const std::function<void(Completion)>& start,
+    const std::function<void(const std::function<bool()>&)>& before_cancel) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started");
+    call_done_ = false;
+  }
+  // The completion runs on a gRPC thread, before Run returns (Run waits
+  // for it on every path), so capturing `this` is safe.
+  start([this](grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    call_status_ = std::move(status);
+    call_done_ = true;
+  });
+  const auto ended_or_cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return call_done_ || cancelled_;
+  };
+  bool done = false;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (interrupted_) {
+        mu_.AwaitWithTimeout(absl::Condition(&ended_or_cancelled), poll_every_);
+      } else {
+        mu_.Await(absl::Condition(&ended_or_cancelled));
+      }
+      done = call_done_;
+      if (done || cancelled_) break;
+    }
+    // Outside mu_: `interrupted` may take its time (Python takes the GIL).
+    if (interrupted_()) Cancel();
+  }
+  if (!done) {
+    if (before_cancel) {
+      before_cancel([this] {
+        absl::MutexLock lock(&mu_);
+        return call_done_;
+      });
+    }
+    context->TryCancel();  // thread-safe; the completion follows promptly
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&call_done_));
+  return call_status_;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const ConnectOptions& options) {
+    const ConnectOptions& options, CallCanceller* canceller) {
   if (options.keepalive_ms < kMinKeepaliveMs || options.keepalive_timeout_ms == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keepalive_ms ", options.keepalive_ms, " is below the daemon's floor of ",
         kMinKeepaliveMs, " ms, or keepalive_timeout_ms is 0"));
   }
-  ASSIGN_OR_RETURN(UniqueFd fd, DialHandshake(HandshakeSocketPath(options.socket)));
-  ASSIGN_OR_RETURN(HandshakeFrame frame, ReadHandshakeFrame(fd.get()));
+  ASSIGN_OR_RETURN(UniqueFd fd,
+                   DialHandshake(HandshakeSocketPath(options.socket), canceller));
+  ASSIGN_OR_RETURN(HandshakeFrame frame, ReadHandshakeFrame(fd.get(), canceller));
   // Under Yama ptrace_scope=1 only a declared tracer may read our memory.
   // Without Yama the call fails with EINVAL, which is fine.
   if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(frame.daemon_pid), 0, 0, 0) != 0 &&
@@ -133,9 +250,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   request.set_node(options.node);
   request.set_local_world_size(options.local_world_size);
   v1::OpenSessionResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(client->stub_->OpenSession(&context, request, &response),
-                           "OpenSession"));
+  RETURN_IF_ERROR(Unary(client->stub_.get(), canceller, "OpenSession",
+                        &v1::Ckptd::StubInterface::OpenSession,
+                        &v1::Ckptd::StubInterface::async_interface::OpenSession, request,
+                        &response));
   return client;
 }
 
@@ -149,20 +267,23 @@ Client::Client(ConnectOptions options, UniqueFd handshake, std::string token,
       stub_(v1::Ckptd::NewStub(channel_)) {}
 
 absl::StatusOr<uint64_t> Client::RegisterRegion(const void* address,
-                                                uint64_t length) {
+                                                uint64_t length,
+                                                CallCanceller* canceller) {
   v1::RegisterRegionsRequest request;
   request.set_session_token(token_);
   v1::HostRegion* host = request.add_regions()->mutable_host();
   host->set_address(reinterpret_cast<uint64_t>(address));
   host->set_length(length);
-  return RegisterOne(request);
+  return RegisterOne(request, canceller);
 }
 
-absl::StatusOr<uint64_t> Client::RegisterOne(const v1::RegisterRegionsRequest& request) {
+absl::StatusOr<uint64_t> Client::RegisterOne(const v1::RegisterRegionsRequest& request,
+                                             CallCanceller* canceller) {
   v1::RegisterRegionsResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->RegisterRegions(&context, request, &response),
-                           "RegisterRegions"));
+  RETURN_IF_ERROR(Unary(stub_.get(), canceller, "RegisterRegions",
+                        &v1::Ckptd::StubInterface::RegisterRegions,
+                        &v1::Ckptd::StubInterface::async_interface::RegisterRegions, request,
+                        &response));
   if (response.region_ids_size() != 1) {
     return absl::InternalError("RegisterRegions returned no id");
   }
@@ -183,7 +304,8 @@ absl::StatusOr<TrainerGpu*> Client::Gpu() {
 }
 
 absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
-                                                    uint64_t length) {
+                                                    uint64_t length,
+                                                    CallCanceller* canceller) {
   ASSIGN_OR_RETURN(TrainerGpu * gpu, Gpu());
   ASSIGN_OR_RETURN(GpuRegionExport exported, gpu->Export(address, length));
   ASSIGN_OR_RETURN(GpuEventHandles events, gpu->Events(exported.device_uuid));
@@ -208,7 +330,7 @@ absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
   cuda->mutable_staged_event()->set_peer_fd(events.staged.peer_fd);
   // The exported fds stay open until the daemon has taken its copies.
   GpuRegistration r;
-  ASSIGN_OR_RETURN(r.daemon_id, RegisterOne(request));
+  ASSIGN_OR_RETURN(r.daemon_id, RegisterOne(request, canceller));
   r.address = address;
   r.length = length;
   r.device_uuid = exported.device_uuid;
@@ -286,7 +408,8 @@ absl::StatusOr<bool> Client::DaemonAlive() const {
   return (fd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == 0;
 }
 
-absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
+absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids,
+                                    CallCanceller* canceller) {
   v1::ReleaseRegionsRequest request;
   request.set_session_token(token_);
   absl::MutexLock lock(&gpu_mu_);
@@ -295,9 +418,10 @@ absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids) {
     request.add_region_ids(it == gpu_regions_.end() ? id : it->second.daemon_id);
   }
   v1::ReleaseRegionsResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->ReleaseRegions(&context, request, &response),
-                           "ReleaseRegions"));
+  RETURN_IF_ERROR(Unary(stub_.get(), canceller, "ReleaseRegions",
+                        &v1::Ckptd::StubInterface::ReleaseRegions,
+                        &v1::Ckptd::StubInterface::async_interface::ReleaseRegions, request,
+                        &response));
   // Forgotten only once the daemon released them: a retry sends the same ids.
   for (uint64_t id : ids) gpu_regions_.erase(id);
   return absl::OkStatus();
@@ -316,20 +440,23 @@ void Client::RemapRegionIds(
 }
 
 absl::StatusOr<uint64_t> Client::DefineLayout(
-    const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors) {
+    const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
+    CallCanceller* canceller) {
   v1::DefineLayoutRequest request;
   request.set_session_token(token_);
   *request.mutable_tensors() = tensors;
   RemapRegionIds(request.mutable_tensors());
   v1::DefineLayoutResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->DefineLayout(&context, request, &response),
-                           "DefineLayout"));
+  RETURN_IF_ERROR(Unary(stub_.get(), canceller, "DefineLayout",
+                        &v1::Ckptd::StubInterface::DefineLayout,
+                        &v1::Ckptd::StubInterface::async_interface::DefineLayout, request,
+                        &response));
   return response.layout_id();
 }
 
 absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request,
-                                                         GpuStreamHandle stream) {
+                                                         GpuStreamHandle stream,
+                                                         CallCanceller* canceller) {
   request.set_session_token(token_);
   TrainerGpu* gpu = nullptr;
   std::vector<std::string> devices;
@@ -345,7 +472,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
       ASSIGN_OR_RETURN(std::vector<uint64_t> now,
                        gpu->AllocationIds(r.address, r.length));
       if (now != r.allocation_ids) {
-        ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length));
+        ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
       }
       if (std::find(devices.begin(), devices.end(), r.device_uuid) == devices.end()) {
         devices.push_back(r.device_uuid);
@@ -357,8 +484,9 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   }
   RemapRegionIds(request.mutable_tensors());
   v1::SaveResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->Save(&context, request, &response), "Save"));
+  RETURN_IF_ERROR(Unary(stub_.get(), canceller, "Save", &v1::Ckptd::StubInterface::Save,
+                        &v1::Ckptd::StubInterface::async_interface::Save, request,
+                        &response));
   std::unique_ptr<SaveHandle> handle(new SaveHandle(
       stub_.get(), token_, response.save_id(), gpu, std::move(devices)));
   // A GPU save is followed at once: WaitStagedOnStream, which the trainer's
@@ -367,16 +495,35 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   return handle;
 }
 
-absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {
+absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request,
+                                              CallCanceller* canceller) {
   request.set_session_token(token_);
   RemapRegionIds(request.mutable_tensors());
   // Byte items that do not fit the daemon's message limit come in further
   // pages (LoadByteItems), fetched here so the caller sees one response.
   request.set_page_byte_items(true);
   v1::LoadResponse response;
-  {
+  if (canceller == nullptr) {
     grpc::ClientContext context;
     RETURN_IF_ERROR(FromGrpc(stub_->Load(&context, request, &response), "Load"));
+  } else {
+    const uint64_t load_id = next_load_id_.fetch_add(1);
+    request.set_load_id(load_id);
+    absl::Status confirmed = absl::OkStatus();
+    grpc::ClientContext context;
+    const grpc::Status status = canceller->Run(
+        &context,
+        [&](CallCanceller::Completion done) {
+          stub_->async()->Load(&context, &request, &response, std::move(done));
+        },
+        // Before the call is cancelled here (which ends it at once on this
+        // side, not the daemon's writes), the daemon confirms the writes
+        // are over.
+        [&](const std::function<bool()>& call_ended) {
+          confirmed = CancelLoadAndConfirm(load_id, call_ended);
+        });
+    if (!confirmed.ok()) return confirmed;
+    RETURN_IF_ERROR(FromGrpc(status, "Load"));
   }
   while (!response.pending_byte_items().empty()) {
     v1::LoadByteItemsRequest more;
@@ -385,9 +532,10 @@ absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {
     more.set_checkpoint(response.checkpoint());  // the one loaded, not "latest"
     more.mutable_byte_items()->Swap(response.mutable_pending_byte_items());
     v1::LoadByteItemsResponse page;
-    grpc::ClientContext context;
-    RETURN_IF_ERROR(
-        FromGrpc(stub_->LoadByteItems(&context, more, &page), "LoadByteItems"));
+    RETURN_IF_ERROR(Unary(stub_.get(), canceller, "LoadByteItems",
+                          &v1::Ckptd::StubInterface::LoadByteItems,
+                          &v1::Ckptd::StubInterface::async_interface::LoadByteItems, more,
+                          &page));
     if (page.byte_items().empty()) {
       // Each page answers at least one item; a daemon that does not would
       // keep this loop going for good.
@@ -402,13 +550,54 @@ absl::StatusOr<v1::LoadResponse> Client::Load(v1::LoadRequest request) {
   return response;
 }
 
-absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& job) {
+absl::Status Client::CancelLoadAndConfirm(uint64_t load_id,
+                                          const std::function<bool()>& call_ended) {
+  // The Cancel may overtake the Load (they are separate calls): the daemon
+  // then does not know the load yet and says so (cancelled_loads 0), and
+  // the Cancel is sent again until the load is found or its call ends.
+  constexpr absl::Duration kRetryEvery = absl::Milliseconds(5);
+  const absl::Time give_up = absl::Now() + absl::Milliseconds(options_.cancel_confirm_ms);
+  absl::Status last = absl::OkStatus();
+  while (!call_ended()) {
+    const absl::Time now = absl::Now();
+    if (now >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Load cancelled, but ckptd (pid ", daemon_pid_, ") did not confirm within ",
+          options_.cancel_confirm_ms,
+          " ms that it writes no more into this process's memory (is it stopped or "
+          "hung?): it may still write the checkpoint's bytes into the destination "
+          "memory if it resumes",
+          last.ok() ? "" : absl::StrCat("; last Cancel: ", last.message())));
+    }
+    v1::CancelRequest cancel;
+    cancel.set_session_token(token_);
+    cancel.set_load_id(load_id);
+    v1::CancelResponse answer;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(give_up));
+    last = FromGrpc(stub_->Cancel(&context, cancel, &answer), "Cancel");
+    if (last.ok() && answer.cancelled_loads() > 0) return absl::OkStatus();
+    if (!last.ok() && !absl::IsDeadlineExceeded(last) && !absl::IsUnavailable(last)) {
+      // A daemon that refuses the Cancel (one too old to know load_id)
+      // will not confirm: no use waiting for it.
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Load cancelled, but ckptd refused to cancel it (", last.message(),
+          "): it may still write the checkpoint's bytes into the destination memory"));
+    }
+    absl::SleepFor(kRetryEvery);
+  }
+  return absl::OkStatus();  // the load's call ended: so did its writes
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& job,
+                                                              CallCanceller* canceller) {
   v1::ListCheckpointsRequest request;
   request.set_job(job);
   v1::ListCheckpointsResponse response;
-  grpc::ClientContext context;
-  RETURN_IF_ERROR(FromGrpc(stub_->ListCheckpoints(&context, request, &response),
-                           "ListCheckpoints"));
+  RETURN_IF_ERROR(Unary(stub_.get(), canceller, "ListCheckpoints",
+                        &v1::Ckptd::StubInterface::ListCheckpoints,
+                        &v1::Ckptd::StubInterface::async_interface::ListCheckpoints,
+                        request, &response));
   return std::vector<v1::CheckpointInfo>(response.checkpoints().begin(),
                                          response.checkpoints().end());
 }
@@ -508,13 +697,13 @@ v1::SaveProgress SaveHandle::progress() {
   return progress_;
 }
 
-absl::Status SaveHandle::Cancel() {
+absl::Status SaveHandle::Cancel(CallCanceller* canceller) {
   v1::CancelRequest request;
   request.set_session_token(token_);
   request.set_save_id(id_);
   v1::CancelResponse response;
-  grpc::ClientContext context;
-  return FromGrpc(stub_->Cancel(&context, request, &response), "Cancel");
+  return Unary(stub_, canceller, "Cancel", &v1::Ckptd::StubInterface::Cancel,
+               &v1::Ckptd::StubInterface::async_interface::Cancel, request, &response);
 }
 
 }  // namespace ckpt

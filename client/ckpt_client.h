@@ -24,13 +24,22 @@
 // the session. Keep the Client alive while saves run: closing it tells the
 // daemon this rank is gone.
 //
+// Cancelling: every blocking call takes an optional CallCanceller, which
+// another thread may fire (Cancel) or the calling thread may poll while it
+// waits (the Python binding checks for Ctrl-C there). A cancelled Load
+// returns only once the daemon confirmed that it writes no more into this
+// process's memory for it (Client::Load says how, and what a daemon that
+// does not answer means).
+//
 // Thread-safety: Client methods may be called from any thread (its GPU
 // region table is guarded by one absl::Mutex, held across the region RPCs
 // but never while waiting for a save's progress). A SaveHandle is safe to
 // use from several threads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,6 +74,65 @@ struct ConnectOptions {
   // keepalive_ms may not be below kMinKeepaliveMs.
   uint32_t keepalive_ms = kDefaultKeepaliveMs;
   uint32_t keepalive_timeout_ms = kDefaultKeepaliveTimeoutMs;
+  // How long a cancelled Load waits for the daemon to confirm that it
+  // writes no more into this process's memory (a live daemon answers in
+  // milliseconds; one that does not is stopped or overloaded).
+  uint32_t cancel_confirm_ms = 1'000;
+};
+
+// Cancels a blocking Client call: from another thread (Cancel), or from the
+// calling thread itself, which asks `interrupted` every `poll_every` while
+// the call waits and cancels it when that returns true (the Python binding
+// runs its signal handlers there, holding the GIL; nothing else of the
+// client's runs during `interrupted`).
+//
+// Once cancelled it stays so: the call in progress ends as soon as it can
+// (CANCELLED, or whatever it returned if it finished first) and later calls
+// given this canceller fail CANCELLED before they send anything.
+//
+// Thread-safety: Cancel and cancelled may be called from any thread; one
+// call at a time may use a canceller, on the thread that made the call.
+class CallCanceller {
+ public:
+  CallCanceller() = default;
+  CallCanceller(std::function<bool()> interrupted, absl::Duration poll_every)
+      : interrupted_(std::move(interrupted)), poll_every_(poll_every) {}
+  CallCanceller(const CallCanceller&) = delete;
+  CallCanceller& operator=(const CallCanceller&) = delete;
+
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  bool cancelled() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Run and Poll are how libckpt's calls use a canceller; applications
+  // only construct it and Cancel.
+  //
+  // How a call that can be cancelled is made: `start` issues it through the
+  // stub's callback API, passing it the completion function it is given;
+  // Run waits for that, polling `interrupted` (if any) every poll_every.
+  // On a cancel, it first runs `before_cancel` (if any; given a function
+  // that says whether the call has ended), then cancels the call's
+  // `context` and waits for its end, which gRPC makes prompt. Returns the
+  // call's status.
+  using Completion = std::function<void(grpc::Status)>;
+  grpc::Status Run(grpc::ClientContext* context,
+                   const std::function<void(Completion)>& start,
+                   const std::function<void(const std::function<bool()>&)>&
+                       before_cancel = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  // For a call that is not an RPC (the handshake): polls `interrupted`
+  // once; true if the canceller is (now) cancelled.
+  bool Poll() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Duration poll_every() const { return poll_every_; }
+
+ private:
+  // Constant after construction.
+  const std::function<bool()> interrupted_;
+  const absl::Duration poll_every_ = absl::InfiniteDuration();
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The call in progress under Run.
+  bool call_done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status call_status_ ABSL_GUARDED_BY(mu_);
 };
 
 // A gRPC channel to the daemon's socket that sends and receives messages of
@@ -115,7 +183,7 @@ class SaveHandle {
   // The latest progress seen.
   v1::SaveProgress progress();
   // Cancels the whole checkpoint this save belongs to.
-  absl::Status Cancel();
+  absl::Status Cancel(CallCanceller* canceller = nullptr);
 
  private:
   friend class Client;
@@ -153,39 +221,58 @@ class SaveHandle {
 
 class Client {
  public:
+  // `canceller` (optional, here and below): see CallCanceller.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const ConnectOptions& options);
+      const ConnectOptions& options, CallCanceller* canceller = nullptr);
   ~Client();
 
   // Registers [address, address+length) of this process; returns its id.
-  absl::StatusOr<uint64_t> RegisterRegion(const void* address, uint64_t length);
+  absl::StatusOr<uint64_t> RegisterRegion(const void* address, uint64_t length,
+                                          CallCanceller* canceller = nullptr);
   // Registers device memory [address, address+length) (a CUDA device
   // pointer of this process); returns its id. The daemon maps the
   // allocations under it now and keeps them until ReleaseRegions.
   absl::StatusOr<uint64_t> RegisterGpuRegion(uint64_t address, uint64_t length);
   // Ends regions (host or GPU); call it before freeing their memory.
-  absl::Status ReleaseRegions(const std::vector<uint64_t>& ids);
+  absl::Status ReleaseRegions(const std::vector<uint64_t>& ids,
+                              CallCanceller* canceller = nullptr);
 
   // Registers this rank's tensor items once; later saves pass the returned
   // id in SaveRequest.layout_id instead of the items, which keeps the save
   // call at about a millisecond however many tensors there are.
   absl::StatusOr<uint64_t> DefineLayout(
-      const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors);
+      const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
+      CallCanceller* canceller = nullptr);
 
   // Fills in the session token and submits; returns once ACCEPTED. With
   // GPU regions registered, first records each device's ready event on
   // `stream` (after the trainer's last write to the saved tensors; no CPU
   // wait), re-registering any region whose memory was re-allocated.
+  // Cancelling it (`canceller`) before the daemon answered leaves it
+  // unknown whether the save was accepted: it then runs without a handle.
   absl::StatusOr<std::unique_ptr<SaveHandle>> Save(
-      v1::SaveRequest request, GpuStreamHandle stream = nullptr);
+      v1::SaveRequest request, GpuStreamHandle stream = nullptr,
+      CallCanceller* canceller = nullptr);
 
   // Restores into registered memory; returns once every byte is verified
   // and in place. Byte items too large for one reply together are fetched
   // in further pages (LoadByteItems) before it returns: the response holds
   // them all, and pending_byte_items is empty.
-  absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest request);
+  //
+  // Cancelled through `canceller`, it returns CANCELLED only once no byte
+  // of this load is being written into this process's memory, nor will be:
+  // the daemon confirmed it (it answers a Cancel naming the load after its
+  // last write, restore/load_gate.h), or the Load call itself ended. The
+  // memory may then be freed or reused. A daemon that does not confirm
+  // within options().cancel_confirm_ms (stopped, hung) makes it return
+  // DEADLINE_EXCEEDED instead: the daemon may still write the load's bytes
+  // into the destination memory if it resumes, so that memory must not be
+  // reused for anything else while this daemon (or session) lives.
+  absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest request,
+                                        CallCanceller* canceller = nullptr);
 
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> List(const std::string& job);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> List(
+      const std::string& job, CallCanceller* canceller = nullptr);
 
   const ConnectOptions& options() const { return options_; }
   uint32_t daemon_pid() const { return daemon_pid_; }
@@ -199,7 +286,12 @@ class Client {
          uint32_t daemon_pid, std::shared_ptr<grpc::Channel> channel);
 
   // Sends a RegisterRegions request of one region; returns its id.
-  absl::StatusOr<uint64_t> RegisterOne(const v1::RegisterRegionsRequest& request);
+  absl::StatusOr<uint64_t> RegisterOne(const v1::RegisterRegionsRequest& request,
+                                       CallCanceller* canceller);
+  // Asks the daemon to cancel load `load_id` until it confirms, the load's
+  // call ends (`call_ended`), or cancel_confirm_ms pass (DeadlineExceeded).
+  absl::Status CancelLoadAndConfirm(uint64_t load_id,
+                                    const std::function<bool()>& call_ended);
   // Replaces the application's GPU region ids with the daemon's current ones.
   void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);
@@ -212,7 +304,8 @@ class Client {
   // The GPU seam, created on first use when options_.gpu is null.
   absl::StatusOr<TrainerGpu*> Gpu() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
   // Exports and registers one GPU region; the daemon assigns a new id.
-  absl::StatusOr<GpuRegistration> RegisterGpu(uint64_t address, uint64_t length)
+  absl::StatusOr<GpuRegistration> RegisterGpu(uint64_t address, uint64_t length,
+                                              CallCanceller* canceller = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
 
   // Constant after construction.
@@ -222,6 +315,9 @@ class Client {
   const uint32_t daemon_pid_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Ckptd::Stub> stub_;  // thread-safe
+
+  // Names each Load to a Cancel (LoadRequest.load_id).
+  std::atomic<uint64_t> next_load_id_{1};
 
   // Guards the GPU state, which the first GPU region creates. Held across
   // the RegisterRegions and ReleaseRegions calls, so that a save and a

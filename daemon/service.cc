@@ -396,6 +396,16 @@ grpc::ServerUnaryReactor* CkptdService::Cancel(
   return WithSession(
       c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
+        if (request->load_id() != 0) {
+          // Answered only once none of the load's writes is in progress
+          // (Loader::CancelLoad): the client relies on it before it returns
+          // to a trainer that may free the destination memory. It waits
+          // here, on the gRPC thread, for at most one slice's write (a few
+          // MiB): the I/O workers may all be busy with the very loads being
+          // cancelled, so handing it to them could delay the answer.
+          response->set_cancelled_loads(c_.loader->CancelLoad(*session, request->load_id()));
+          return Finish(context, absl::OkStatus());
+        }
         return finish(c_.saves->CancelSave(*session, request->save_id()));
       });
 }
@@ -425,7 +435,10 @@ grpc::ServerUnaryReactor* CkptdService::Load(
               LogLoad(fields, result, absl::Now() - started);
               if (result.ok()) *response = *std::move(result);
               reactor->Finish(ToGrpcStatus(result.status()));
-            });
+            },
+            // A client that gave up (cancelled, deadline, gone) gets no
+            // more writes. The context lives until Finish, after `done`.
+            [context] { return context->IsCancelled(); });
         return reactor;
       });
 }

@@ -27,6 +27,10 @@ struct RoundRun {
     v1::LoadResponse response;
     // The plan's share of the budget, held while its deliveries exist.
     LoadPlanBudget::Reservation plan;
+    // Every delivery of this load writes through the gate
+    // (restore/load_gate.h): its destinations, wrapped.
+    std::shared_ptr<LoadGate> gate;
+    std::map<MemorySource*, std::unique_ptr<GatedMemory>> gated;
   };
   std::vector<Entry> entries;
   v1::CommitRecord record;  // ItemReads point into its checksums
@@ -46,6 +50,11 @@ struct RoundRun {
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
     for (Entry& e : entries) {
+      // A load cancelled while its files were read skipped its writes: it
+      // did not load, whatever the reads said.
+      if (e.status.ok() && e.gate->closed()) {
+        e.status = absl::CancelledError("the load was cancelled");
+      }
       if (!e.status.ok()) {
         e.done(e.status);
         continue;
@@ -107,6 +116,10 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   std::map<int, std::set<size_t>> chunk_users;
   for (size_t i = 0; i < run->entries.size(); ++i) {
     auto& e = run->entries[i];
+    if (e.gate->closed()) {  // cancelled while it waited for its round
+      e.status = absl::CancelledError("the load was cancelled");
+      continue;
+    }
     if (e.request.job() != e.session->job()) {
       e.status = absl::InvalidArgumentError(absl::StrCat(
           "load names job '", e.request.job(), "' but the session is for job '",
@@ -121,6 +134,11 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
     if (!e.status.ok()) continue;
     e.plan = std::move(plan);
     for (auto& [t, list] : mine) {
+      for (Delivery& d : list) {
+        std::unique_ptr<GatedMemory>& gated = e.gated[d.destination];
+        if (gated == nullptr) gated = std::make_unique<GatedMemory>(d.destination, e.gate.get());
+        d.destination = gated.get();
+      }
       auto& into = deliveries[t];
       into.insert(into.end(), list.begin(), list.end());
       chunk_users[t].insert(i);
@@ -236,8 +254,34 @@ Loader::~Loader() {
 }
 
 void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
-                   Done done) {
+                   Done done, std::function<bool()> call_cancelled) {
   done = Measured(std::move(done));
+  auto gate = std::make_shared<LoadGate>(std::move(call_cancelled));
+  if (request.load_id() != 0) {
+    // Registered before the load can write, removed after its last write:
+    // a CancelLoad that finds nothing may be sent again (the client does)
+    // until the load arrives or finishes.
+    const auto key = std::make_pair(static_cast<const Session*>(session.get()),
+                                    request.load_id());
+    {
+      absl::MutexLock lock(&gates_->mu);
+      gates_->by_load.emplace(key, gate);
+    }
+    done = [done = std::move(done), gates = gates_, key,
+            gate](absl::StatusOr<v1::LoadResponse> result) {
+      {
+        absl::MutexLock lock(&gates->mu);
+        auto [first, last] = gates->by_load.equal_range(key);
+        for (auto it = first; it != last; ++it) {
+          if (it->second == gate) {
+            gates->by_load.erase(it);
+            break;
+          }
+        }
+      }
+      done(std::move(result));
+    };
+  }
   if (!session->opened()) {
     done(absl::FailedPreconditionError("call OpenSession before Load"));
     return;
@@ -251,7 +295,8 @@ void Loader::Start(std::shared_ptr<Session> session, v1::LoadRequest request,
       round.deadline = std::chrono::steady_clock::now() +
                        batch_window_;
     }
-    round.requests.push_back({std::move(session), std::move(request), std::move(done)});
+    round.requests.push_back(
+        {std::move(session), std::move(request), std::move(done), std::move(gate)});
     if (round.requests.size() >= round.local_ranks) {
       ready = std::move(round.requests);
       rounds_.erase(absl::StrCat(ready.front().request.job(), "/",
@@ -299,12 +344,25 @@ void Loader::Launch(std::vector<Request> requests) {
   auto run = std::make_shared<RoundRun>();
   for (Request& r : requests) {
     run->entries.push_back(
-        {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}, {}});
+        {std::move(r.session), std::move(r.request), std::move(r.done), {}, {}, {},
+         std::move(r.gate), {}});
   }
   workers_->Post(
       [run, this, budget = plan_budget_](IoQueue&) {
         RunRound(run, store_, pool_, workers_, leases_, tier_, budget.get());
       });
+}
+
+uint32_t Loader::CancelLoad(const Session& session, uint64_t load_id) {
+  std::vector<std::shared_ptr<LoadGate>> found;
+  {
+    absl::MutexLock lock(&gates_->mu);
+    auto [first, last] = gates_->by_load.equal_range(std::make_pair(&session, load_id));
+    for (auto it = first; it != last; ++it) found.push_back(it->second);
+  }
+  // Closed outside the registry's lock: Close waits for a write in progress.
+  for (const auto& gate : found) gate->Close();
+  return static_cast<uint32_t>(found.size());
 }
 
 }  // namespace ckpt

@@ -16,13 +16,21 @@
 // completes the requests. A request that is invalid, or whose file fails,
 // fails alone; the others proceed.
 //
-// Thread-safety: Start may be called from any thread; `done` is called on a
-// worker (or the batching thread).
+// Cancelling: each load writes through its LoadGate (restore/load_gate.h).
+// CancelLoad closes the gate of a session's load and returns once no write
+// of it is in progress; the load's call being cancelled closes it too. A
+// cancelled load still finishes (CANCELLED) with its round; its deliveries
+// are skipped, the other ranks' proceed.
+//
+// Thread-safety: Start and CancelLoad may be called from any thread; `done`
+// is called on a worker (or the batching thread), after the load's last
+// write.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,6 +42,7 @@
 #include "ckpt/v1/control.pb.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
+#include "restore/load_gate.h"
 #include "restore/load_plan_budget.h"
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
@@ -53,14 +62,31 @@ class Loader {
          const MemoryTier* tier, uint64_t plan_bytes);
   ~Loader();  // stops the batching thread; queued rounds still run
 
-  // Queues the load; `done` receives the result.
-  void Start(std::shared_ptr<Session> session, v1::LoadRequest request, Done done);
+  // Queues the load; `done` receives the result. `call_cancelled` (may be
+  // empty) tells whether the caller gave up (its gRPC call was cancelled):
+  // it must stay callable until `done` has run.
+  void Start(std::shared_ptr<Session> session, v1::LoadRequest request, Done done,
+             std::function<bool()> call_cancelled = {});
+
+  // Cancels the loads `session` started with LoadRequest.load_id `load_id`:
+  // returns how many there were, once none of them is writing into the
+  // session's memory or will (0: none queued or running).
+  uint32_t CancelLoad(const Session& session, uint64_t load_id);
+
+  // The gates of loads in flight that carry a load_id, by session and id:
+  // shared with each load's `done`, which removes its own.
+  struct Gates {
+    absl::Mutex mu;
+    std::multimap<std::pair<const Session*, uint64_t>, std::shared_ptr<LoadGate>> by_load
+        ABSL_GUARDED_BY(mu);
+  };
 
  private:
   struct Request {
     std::shared_ptr<Session> session;
     v1::LoadRequest request;
     Done done;
+    std::shared_ptr<LoadGate> gate;
   };
   struct Round {
     std::vector<Request> requests;
@@ -80,6 +106,7 @@ class Loader {
   CheckpointLeases* const leases_;
   const MemoryTier* const tier_;
   const std::shared_ptr<LoadPlanBudget> plan_budget_;
+  const std::shared_ptr<Gates> gates_ = std::make_shared<Gates>();
 
   absl::Mutex mu_;
   absl::CondVar wake_;

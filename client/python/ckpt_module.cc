@@ -6,6 +6,17 @@
 // {fqn: bytes}. ckptd/__init__.py builds the user-facing API on top. Every
 // blocking call releases the GIL; a failed call raises ckptd._ckpt.Error,
 // whose message starts with the status code ("NOT_FOUND: ...").
+//
+// Ctrl-C: every blocking call is interruptible. It runs on the calling
+// thread without the GIL under a ckpt::CallCanceller that takes the GIL
+// every kWaitSlice to run pending signal handlers (PyErr_CheckSignals);
+// a handler that raises (KeyboardInterrupt) cancels the call, and its
+// exception propagates once the call has returned. No helper thread: the
+// save call stays one RPC on this thread. A load raises only once the
+// daemon confirmed that it writes nothing more into the destination
+// tensors (ckpt::Client::Load); if it does not confirm in time, a
+// RuntimeWarning says the tensors may still be written, before the
+// KeyboardInterrupt propagates.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -85,6 +96,44 @@ T Value(absl::StatusOr<T> result) {
   return *std::move(result);
 }
 
+const absl::Status& StatusOf(const absl::Status& status) { return status; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
+}
+
+// Runs `call`, a blocking libckpt call given a canceller, without the GIL
+// and interruptible by signals (see the top of the file). Returns its
+// result; raises the signal handler's exception if one raised.
+template <typename F>
+auto Interruptibly(F call) {
+  ckpt::CallCanceller canceller(
+      [] {
+        py::gil_scoped_acquire gil;
+        return PyErr_CheckSignals() != 0;
+      },
+      kWaitSlice);
+  decltype(call(&canceller)) result;
+  {
+    py::gil_scoped_release release;
+    result = call(&canceller);
+  }
+  if (PyErr_Occurred() != nullptr) {
+    if (absl::IsDeadlineExceeded(StatusOf(result))) {
+      // The daemon did not confirm a cancelled load: the caller must know
+      // before it reuses the tensors. The handler's exception stays the
+      // one raised.
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      const std::string message(StatusOf(result).message());
+      if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) != 0) PyErr_Clear();
+      PyErr_Restore(type, value, traceback);
+    }
+    throw py::error_already_set();
+  }
+  return result;
+}
+
 template <typename Field>
 void SetAll(Field* field, const py::list& values) {
   for (const auto& v : values) field->Add(v.cast<uint64_t>());
@@ -145,7 +194,9 @@ class PySaveHandle {
   void WaitCommitted() {
     Interruptible([&](absl::Duration d) { return handle_->WaitCommitted(d); });
   }
-  void Cancel() { Blocking([&] { return handle_->Cancel(); }); }
+  void Cancel() {
+    Check(Interruptibly([&](ckpt::CallCanceller* c) { return handle_->Cancel(c); }));
+  }
   py::dict Progress() { return ToDict(handle_->progress()); }
 
  private:
@@ -166,15 +217,6 @@ class PySaveHandle {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
   }
-  template <typename F>
-  static void Blocking(F f) {
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = f();
-    }
-    Check(status);
-  }
   std::unique_ptr<ckpt::SaveHandle> handle_;
 };
 
@@ -188,11 +230,8 @@ class PyClient {
                                  .world_size = world_size,
                                  .node = node,
                                  .local_world_size = local_world_size};
-    absl::StatusOr<std::unique_ptr<ckpt::Client>> client;
-    {
-      py::gil_scoped_release release;
-      client = ckpt::Client::Connect(options);
-    }
+    absl::StatusOr<std::unique_ptr<ckpt::Client>> client = Interruptibly(
+        [&](ckpt::CallCanceller* c) { return ckpt::Client::Connect(options, c); });
     if (absl::IsUnavailable(client.status())) {
       // The one error a new user meets first: say where we looked and how
       // to get a daemon there.
@@ -209,14 +248,15 @@ class PyClient {
   bool Alive() { return Value(client_->DaemonAlive()); }
 
   uint64_t RegisterRegion(uint64_t address, uint64_t length) {
-    py::gil_scoped_release release;
-    return Value(client_->RegisterRegion(reinterpret_cast<const void*>(address), length));
+    return Value(Interruptibly([&](ckpt::CallCanceller* c) {
+      return client_->RegisterRegion(reinterpret_cast<const void*>(address), length, c);
+    }));
   }
 
   uint64_t DefineLayout(const py::list& items) {
     auto tensors = ToItems(items);
-    py::gil_scoped_release release;
-    return Value(client_->DefineLayout(tensors));
+    return Value(Interruptibly(
+        [&](ckpt::CallCanceller* c) { return client_->DefineLayout(tensors, c); }));
   }
 
   std::unique_ptr<PySaveHandle> Save(const std::string& checkpoint, uint64_t layout_id,
@@ -230,11 +270,10 @@ class PyClient {
       b->set_fqn(fqn.cast<std::string>());
       b->set_data(data.cast<std::string>());
     }
-    absl::StatusOr<std::unique_ptr<ckpt::SaveHandle>> handle;
-    {
-      py::gil_scoped_release release;
-      handle = client_->Save(std::move(request));
-    }
+    absl::StatusOr<std::unique_ptr<ckpt::SaveHandle>> handle =
+        Interruptibly([&](ckpt::CallCanceller* c) {
+          return client_->Save(std::move(request), /*stream=*/nullptr, c);
+        });
     return std::make_unique<PySaveHandle>(Value(std::move(handle)));
   }
 
@@ -246,11 +285,8 @@ class PyClient {
     *request.mutable_tensors() = ToItems(items);
     for (const std::string& fqn : byte_items) request.add_byte_items(fqn);
     request.set_allow_missing(allow_missing);
-    absl::StatusOr<ckpt::v1::LoadResponse> response;
-    {
-      py::gil_scoped_release release;
-      response = client_->Load(std::move(request));
-    }
+    absl::StatusOr<ckpt::v1::LoadResponse> response = Interruptibly(
+        [&](ckpt::CallCanceller* c) { return client_->Load(std::move(request), c); });
     const ckpt::v1::LoadResponse r = Value(std::move(response));
     py::dict bytes;
     for (const auto& b : r.byte_items()) bytes[py::str(b.fqn())] = py::bytes(b.data());
@@ -264,11 +300,8 @@ class PyClient {
   }
 
   py::list List() {
-    absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list;
-    {
-      py::gil_scoped_release release;
-      list = client_->List(client_->options().job);
-    }
+    absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list = Interruptibly(
+        [&](ckpt::CallCanceller* c) { return client_->List(client_->options().job, c); });
     py::list out;
     for (const auto& c : Value(std::move(list))) {
       py::dict d;

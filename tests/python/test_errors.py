@@ -6,6 +6,7 @@ Each case starts the daemons it needs (one dies, one is restarted).
 """
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,12 +23,13 @@ import ckptd.torch as ckpt
 from test_ckptd import Daemon
 
 
-def start_daemon(socket, root, log_path, pool_bytes=64 << 20):
-    """A ckptd at `socket` on `root`; the caller stops it."""
+def start_daemon(socket, root, log_path, pool_bytes=64 << 20, flags=()):
+    """A ckptd at `socket` on `root` (more ckptd `flags`); the caller stops it."""
     log = open(log_path, "a")
     process = subprocess.Popen(
         [os.environ["CKPTD_BINARY"], "--socket", socket, "--root", root,
-         "--pool_bytes", str(pool_bytes), "--max_sessions", "64", "--max_connections", "256"],
+         "--pool_bytes", str(pool_bytes), "--max_sessions", "64", "--max_connections", "256",
+         *flags],
         stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 30
@@ -36,6 +38,46 @@ def start_daemon(socket, root, log_path, pool_bytes=64 << 20):
             raise RuntimeError(f"ckptd did not start; see {log_path}")
         time.sleep(0.02)
     return process
+
+
+def read_line(stream, timeout):
+    """The next line of `stream` (a pipe), or None if none comes in time."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return stream.readline().strip() if ready else None
+
+
+def wait_stopped(pid, timeout=5):
+    """Waits until every thread of `pid` is stopped: SIGSTOP is delivered
+    asynchronously, and a thread may still answer a call just after it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state == "T" for state in states):
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+# A child rank 0 of 2 loading alone: its round waits the daemon's
+# --load_batch_ms for rank 1, then runs and writes ones into `w`. Prints
+# "interrupted" when Ctrl-C ends the load, then, once the round has had
+# time to run, whether `w` is still all zeros.
+LOAD_CHILD = """
+import time, torch, ckptd
+client = ckptd.Client("ctrl-c-load", 0, 2, socket={socket!r}, local_world_size=2)
+w = torch.zeros(1 << 20)
+print("loading", flush=True)
+try:
+    client.load("s", {{"w": w}})
+    print("loaded", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+time.sleep(6)
+print("untouched" if bool((w == 0).all()) else "written", flush=True)
+"""
 
 
 class ErrorsTest(unittest.TestCase):
@@ -156,6 +198,69 @@ class ErrorsTest(unittest.TestCase):
             daemon.kill()
             daemon.wait()
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _interrupt_a_load(self, stop_daemon):
+        """Starts LOAD_CHILD against a daemon whose rounds wait 4 s, sends it
+        SIGINT inside the load (with the daemon SIGSTOPped first if
+        `stop_daemon`, resumed 1.5 s later); returns (seconds from SIGINT to
+        "interrupted", the child's last line, its stderr)."""
+        directory = tempfile.mkdtemp(prefix="ckptd-ctrl-c-load-")
+        socket = os.path.join(directory, "ckptd.sock")
+        daemon = start_daemon(socket, os.path.join(directory, "root"),
+                              os.path.join(directory, "ckptd.log"),
+                              flags=("--load_batch_ms", "4000"))
+        child = None
+        try:
+            saver = ckptd.Client("ctrl-c-load", socket=socket)
+            saver.save("s", {"w": torch.ones(1 << 20)}).wait_committed()
+            child = subprocess.Popen(
+                [sys.executable, "-c", LOAD_CHILD.format(socket=socket)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.assertEqual(read_line(child.stdout, 30), "loading")
+            time.sleep(0.5)  # inside load, which waits for its round
+            if stop_daemon:
+                daemon.send_signal(signal.SIGSTOP)
+                wait_stopped(daemon.pid)
+            child.send_signal(signal.SIGINT)
+            started = time.monotonic()
+            line = read_line(child.stdout, 3)
+            took = time.monotonic() - started
+            if stop_daemon:
+                time.sleep(max(0.0, 1.5 - took))
+                daemon.send_signal(signal.SIGCONT)
+            if line is None:  # not interrupted: the load ends with its round
+                line = read_line(child.stdout, 10)
+                took = time.monotonic() - started
+            self.assertEqual(line, "interrupted")
+            last = read_line(child.stdout, 20)
+            _, err = child.communicate(timeout=20)
+            return took, last, err
+        finally:
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+            daemon.send_signal(signal.SIGCONT)
+            daemon.kill()
+            daemon.wait()
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def test_ctrl_c_interrupts_a_load_at_once_and_no_byte_of_it_is_written_afterwards(self):
+        took, last, err = self._interrupt_a_load(stop_daemon=False)
+        # The binding checks for signals every 100 ms; the daemon confirms
+        # the cancel in milliseconds.
+        self.assertLess(took, 1.0, err)
+        self.assertNotIn("did not confirm", err)
+        self.assertEqual(last, "untouched", err)
+
+    def test_ctrl_c_interrupts_a_load_from_a_stopped_daemon_and_warns_it_may_still_write(self):
+        took, last, err = self._interrupt_a_load(stop_daemon=True)
+        # The daemon cannot confirm: KeyboardInterrupt comes after the
+        # client's cancel_confirm_ms (1 s), with a RuntimeWarning.
+        self.assertLess(took, 2.0, err)
+        self.assertIn("RuntimeWarning", err)
+        self.assertIn("did not confirm", err)
+        # Resumed, the daemon sees the load's call cancelled and skips it.
+        self.assertEqual(last, "untouched", err)
 
     def test_a_client_reconnects_to_a_restarted_daemon_on_its_next_call(self):
         directory = tempfile.mkdtemp(prefix="ckptd-restart-")

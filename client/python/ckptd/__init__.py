@@ -219,7 +219,15 @@ class Client:
              byte_items: Iterable[str] = (), allow_missing: bool = False) -> dict:
         """Fills the state dict's tensors in place from `checkpoint` (a name or
         "latest"), whatever sharding saved it. Returns {checkpoint, byte_items,
-        missing, source, bytes_read}."""
+        missing, source, bytes_read}.
+
+        Ctrl-C interrupts it within about 100 ms (as every blocking call of
+        the package). When the KeyboardInterrupt propagates, the daemon has
+        confirmed that it writes nothing more into the state dict's tensors,
+        so they may be freed or reused at once. A daemon that cannot confirm
+        within a second (stopped, hung) is named in a RuntimeWarning raised
+        before the KeyboardInterrupt: it may then still write into those
+        tensors if it resumes, so do not reuse their memory."""
         self._connection()
         items = self._items(state_dict, None)
         return self._load(checkpoint, items, list(byte_items), allow_missing)
