@@ -57,6 +57,8 @@ def state(seed):
         "model.ids": torch.randint(0, 1 << 40, (5, 7), generator=g),
         "opt.step": torch.tensor(seed, dtype=torch.int64),
         "numpy.u16": np.arange(1000, dtype=np.uint16) * np.uint16(seed),
+        "model.z": torch.randn(6, 5, dtype=torch.complex64, generator=g),
+        "numpy.c64": (np.arange(12) * (1 + 2j) * seed).astype(np.complex64),
     }
 
 
@@ -200,7 +202,7 @@ class PackageTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "contiguous"):
             client.save("x", {"t": torch.zeros(4, 4).t()})
         with self.assertRaisesRegex(ValueError, "unsupported dtype"):
-            client.save("x", {"t": torch.zeros(4, dtype=torch.complex64)})
+            client.save("x", {"t": torch.zeros(4, dtype=torch.complex128)})
         sd = {"t": torch.ones(4, 4)}
         client.save("x", sd).wait_committed()
         with self.assertRaisesRegex(ckptd.Error, "INVALID_ARGUMENT.*item t"):

@@ -25,8 +25,9 @@ from test_ckptd import Daemon, run_ranks
 
 ALL_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16,
               torch.int32, torch.uint32, torch.int64, torch.uint64, torch.float16,
-              torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn,
-              torch.float8_e5m2]
+              torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+              torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+              torch.float8_e5m2fnuz]
 
 
 def random_tensor(shape, dtype, g):
@@ -64,10 +65,11 @@ def assert_same(test, got, want, where=""):
     if isinstance(want, torch.Tensor):
         test.assertIsInstance(got, torch.Tensor, where)
         test.assertEqual(got.dtype, want.dtype, where)
-        test.assertTrue(torch.equal(got.view(torch.uint8) if got.dtype.itemsize == 1
-                                    and got.dtype != torch.bool else got,
-                                    want.view(torch.uint8) if want.dtype.itemsize == 1
-                                    and want.dtype != torch.bool else want), where)
+        test.assertEqual(got.shape, want.shape, where)
+        # Byte for byte: NaN payloads and -0.0 included, for every dtype.
+        def raw(t):
+            return t.detach().reshape(-1).contiguous().view(torch.uint8)
+        test.assertTrue(torch.equal(raw(got), raw(want)), where)
     elif isinstance(want, dict):
         test.assertEqual(set(got), set(want), where)
         for k in want:
@@ -374,7 +376,7 @@ class TorchApiTest(unittest.TestCase):
         self.assertTrue(torch.equal(fresh["t"], want))
 
     def test_bad_input_fails_the_futures_naming_the_fqn(self):
-        response = ckpt.async_save({"a": {"b": torch.zeros(2, dtype=torch.complex64)}},
+        response = ckpt.async_save({"a": {"b": torch.zeros(2, dtype=torch.complex128)}},
                                    checkpoint_id="x", job="bad", socket=self.daemon.socket)
         with self.assertRaisesRegex(ckpt.SaveInputError, "a.b: unsupported dtype"):
             response.staging_completion.result()

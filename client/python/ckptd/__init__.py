@@ -44,29 +44,14 @@ from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, Sav
                           StateMismatch)
 from ckptd import errors as _errors
 from ckptd import _ckpt
+from ckptd.dtypes import SAFETENSORS_BY_NUMPY, SAFETENSORS_BY_TORCH
 
 Error = CkptdError  # every error of the daemon and libckpt (ckptd/errors.py)
 DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
 
 # Element types by their safetensors names; the keys are the str() of torch
 # and numpy dtypes.
-_DTYPES = {
-    "torch.bool": "BOOL", "bool": "BOOL",
-    "torch.uint8": "U8", "uint8": "U8",
-    "torch.int8": "I8", "int8": "I8",
-    "torch.int16": "I16", "int16": "I16",
-    "torch.uint16": "U16", "uint16": "U16",
-    "torch.float16": "F16", "float16": "F16",
-    "torch.bfloat16": "BF16",
-    "torch.int32": "I32", "int32": "I32",
-    "torch.uint32": "U32", "uint32": "U32",
-    "torch.float32": "F32", "float32": "F32",
-    "torch.float64": "F64", "float64": "F64",
-    "torch.int64": "I64", "int64": "I64",
-    "torch.uint64": "U64", "uint64": "U64",
-    "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.float8_e5m2": "F8_E5M2",
-}
+_DTYPES = {**SAFETENSORS_BY_TORCH, **SAFETENSORS_BY_NUMPY}
 
 
 @dataclasses.dataclass(frozen=True)

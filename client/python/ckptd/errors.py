@@ -23,6 +23,8 @@ Thread-safety: plain exception classes.
 
 import re
 
+from ckptd.dtypes import TORCH_BY_SAFETENSORS
+
 
 class CkptdError(RuntimeError):
     """An error reported by the ckptd daemon or the client library."""
@@ -57,11 +59,6 @@ _MISMATCH = re.compile(
     r"item (?P<fqn>\S+): requested DTYPE_(?P<want_dtype>\w+) \[(?P<want>[\d,]*)\] "
     r"but stored DTYPE_(?P<have_dtype>\w+) \[(?P<have>[\d,]*)\]")
 
-_TORCH_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16",
-                "U16": "uint16", "I32": "int32", "U32": "uint32", "I64": "int64",
-                "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
-                "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-
 
 def _shape(text):
     return [int(n) for n in text.split(",") if n]
@@ -72,8 +69,8 @@ def state_mismatch(message):
     m = _MISMATCH.search(message)
     if m is None:
         return None
-    stored = (_TORCH_NAMES.get(m["have_dtype"], m["have_dtype"]), _shape(m["have"]))
-    found = (_TORCH_NAMES.get(m["want_dtype"], m["want_dtype"]), _shape(m["want"]))
+    stored = (TORCH_BY_SAFETENSORS.get(m["have_dtype"], m["have_dtype"]), _shape(m["have"]))
+    found = (TORCH_BY_SAFETENSORS.get(m["want_dtype"], m["want_dtype"]), _shape(m["want"]))
     return StateMismatch(
         f"state mismatch at {m['fqn']!r}: the checkpoint stores {stored[0]} "
         f"{stored[1]}, the state dict has {found[0]} {found[1]} ({message})",

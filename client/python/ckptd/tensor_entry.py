@@ -17,16 +17,10 @@ import numpy as np
 import torch
 
 import ckptd
+from ckptd.dtypes import SAFETENSORS_BY_TORCH
 
 # The element types torch and safetensors share, and the daemon stores.
-DTYPE_NAMES = {
-    "torch.bool": "BOOL", "torch.uint8": "U8", "torch.int8": "I8",
-    "torch.int16": "I16", "torch.uint16": "U16", "torch.int32": "I32",
-    "torch.uint32": "U32", "torch.int64": "I64", "torch.uint64": "U64",
-    "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float32": "F32",
-    "torch.float64": "F64", "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.float8_e5m2": "F8_E5M2",
-}
+DTYPE_NAMES = SAFETENSORS_BY_TORCH
 
 
 @dataclasses.dataclass
