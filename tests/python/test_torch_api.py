@@ -216,6 +216,50 @@ def dtensor_plan_rank(socket, store, rank, world, job):
         dist.destroy_process_group()
 
 
+def save_call_waits_for_no_peer_rank(socket, store, rank, world, job):
+    """The save call returns before the other rank has even called its own
+    (the replica exchange and the save RPC run on the package's submit
+    thread); the save is STAGED and committed once both have. A save
+    cancelled before it reached the daemon is cancelled once it does, on
+    every rank, and the previous checkpoint stays the latest."""
+    import datetime
+    dist = _init(store, rank, world)
+    signal = dist.FileStore(store + "-signal", world)
+    wait = datetime.timedelta(seconds=60)
+    try:
+        sd = {f"rank{rank}": torch.full((64, 64), float(rank)), "step": torch.tensor(7.0),
+              "epoch": 3}
+        ckpt.save(sd, checkpoint_id="first", job=job, socket=socket)  # plans, every rank
+        if rank == 0:
+            r = ckpt.async_save(sd, checkpoint_id="second", job=job, socket=socket)
+            assert not r.staging_completion.done()  # rank 1 has not saved yet
+            signal.set("returned", "1")
+            r.upload_completion.result()
+            r = ckpt.async_save(sd, checkpoint_id="third", job=job, socket=socket)
+            r.cancel()  # before rank 1 has saved: not yet submitted
+            signal.set("cancelled", "1")
+        else:
+            try:
+                signal.wait(["returned"], wait)
+            except Exception as e:  # noqa: BLE001 - a store timeout
+                raise AssertionError(f"rank 0's save call waited for rank 1's ({e})")
+            ckpt.async_save(sd, checkpoint_id="second", job=job,
+                            socket=socket).upload_completion.result()
+            signal.wait(["cancelled"], wait)
+            r = ckpt.async_save(sd, checkpoint_id="third", job=job, socket=socket)
+        try:
+            r.upload_completion.result()
+            raise AssertionError("a save cancelled before it was submitted committed")
+        except ckpt.CkptdError as e:  # rank 1's may find it cancelled at submission
+            assert "cancel" in str(e), str(e)
+        fresh = {f"rank{rank}": torch.zeros(64, 64), "step": torch.tensor(0.0), "epoch": 0}
+        assert ckpt.load(fresh, checkpoint_id="latest", job=job, socket=socket) == "second"
+        assert torch.equal(fresh[f"rank{rank}"], sd[f"rank{rank}"])
+        assert fresh["step"].item() == 7.0 and fresh["epoch"] == 3
+    finally:
+        dist.destroy_process_group()
+
+
 class TorchApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -443,6 +487,11 @@ class TorchApiTest(unittest.TestCase):
         store = os.path.join(self.daemon.dir, "gloo-dtensor-plan")
         self.assertEqual(run_ranks(dtensor_plan_rank, 1, self.daemon.socket, store,
                                    "dtensor-plan"), [0])
+
+    def test_the_save_call_returns_before_the_peers_save_and_cancel_reaches_the_daemon(self):
+        store = os.path.join(self.daemon.dir, "gloo-submit")
+        self.assertEqual(run_ranks(save_call_waits_for_no_peer_rank, 2, self.daemon.socket,
+                                   store, "submit"), [0, 0])
 
     def test_stock_dcp_loads_the_tensors_saved_through_ckptd_torch(self):
         import torch.distributed.checkpoint as dcp

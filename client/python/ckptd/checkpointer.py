@@ -5,7 +5,7 @@ pickled values (values.ValueBuffers), the copy buffers of small and
 non-contiguous tensors, and the replica exchange over the process group.
 ckptd.torch's functions keep one per (job, socket, group).
 
-A save, on the caller's thread:
+A save, on the caller's thread (the save call):
   1. waits until the previous save of this checkpointer is STAGED (its
      value and copy buffers are about to be rewritten; normally long done);
   2. checks the state dict against the plan of the previous save in one C++
@@ -17,16 +17,24 @@ A save, on the caller's thread:
      storage (saved once), decides which tensors are saved from their own
      memory and which through a copy buffer, registers the memory, builds
      the items and defines their layout with the daemon;
-  4. pickles the values into their buffers;
-  5. exchanges a digest of its leaves with the group (one small collective,
-     replica_exchange.py), which gives every plain tensor and value its
-     replica set, or fails every rank with the same error;
-  6. submits the save under the plan's layout and returns an
+  4. pickles the values;
+  5. hands the rest to the submit thread (save_submitter.py) and returns an
      AsyncSaveResponse that holds every tensor the daemon reads until
      STAGED.
+Then, on the submit thread:
+  6. exchanges a digest of its leaves with the group (one small collective
+     on the checkpointer's own process group, replica_exchange.py), which
+     gives every plain tensor and value its replica set, or fails every
+     rank with the same error;
+  7. puts the pickled values into their buffers and submits the save under
+     the plan's layout (the save RPC); the response's watcher then resolves
+     its futures.
 
-With the plan matched, steps 2-6 cost one C++ check, one pickle per value
-and the save RPC: about the C++ client's own save call (docs/BENCHMARKS.md).
+With the plan matched, the call costs one C++ check (with the small
+tensors' copies) and one pickle per value; the exchange and the RPC (the
+C++ client's own save call, docs/BENCHMARKS.md) overlap the caller's next
+work. staging_completion covers steps 6 and 7 too, so a trainer that waits
+for it before mutating its state waits for no less than before.
 
 Which tensors are copied: those of at most COPY_MAX_BYTES (AdamW's step
 scalars, a fresh torch.get_rng_state() every save: copied, any new tensor of
@@ -36,11 +44,15 @@ save call, so its bytes are those of that moment. Tensors that share
 storage with another leaf are never copied (the aliases are found from
 their memory).
 
-Errors after step 5 (the daemon refusing the save, a failed commit) reach
-the caller through the futures, as DCP's do.
+Errors found by the exchange or later (bad input on any rank, replicas that
+disagree, the daemon refusing the save, a failed commit) reach the caller
+through the futures, as DCP's do.
 
 Thread-safety: one thread at a time (the training loop's); the responses'
-futures may be waited on from anywhere.
+futures may be waited on from anywhere. The submit thread touches the plan
+and the value buffers only between a save call and that save's STAGED (or
+failure), and the next call waits for that first (step 1); load() waits for
+the submit thread to be idle.
 """
 
 import dataclasses
@@ -63,6 +75,7 @@ from ckptd import values as values_mod
 from ckptd.index import INDEX_FQN, Alias, Index
 from ckptd.replica_exchange import ReplicaExchange, describe_tensor
 from ckptd.save_response import AsyncSaveResponse, SaveWatcher
+from ckptd.save_submitter import SaveSubmitter
 from ckptd.storage_sharing import find_aliases
 from ckptd.tensor_entry import DTYPE_NAMES, TensorEntry, split_leaves
 
@@ -99,6 +112,7 @@ class _Plan:
     value_fqns: List[str]         # the value leaves, in walk order
     structure: Dict[str, tuple]   # replica_exchange descriptions, no digests
     checked: List[torch.Tensor]   # plain tensors whose bytes replicas compare
+    checked_fqns: List[str]       # ... their fqns
     aliases: Dict[str, Alias]
     items: List[dict]             # tensor items, then value items
     value_item: Dict[str, int]    # fqn -> index into items
@@ -114,8 +128,9 @@ class Checkpointer:
     """This rank of `job`, saving and loading through the daemon at `socket`.
 
     Every rank of the job (torch.distributed's world) saves together, as
-    with DCP; `process_group` is the group the replica exchange runs on
-    (default: the world). local_world_size and node default to torchrun's
+    with DCP; `process_group` names the ranks the replica exchange runs
+    over (default: the world), on a gloo group of its own that they create
+    at their first save. local_world_size and node default to torchrun's
     LOCAL_WORLD_SIZE and GROUP_RANK (else: one node holding every rank).
     """
 
@@ -139,6 +154,7 @@ class Checkpointer:
         self._last: Optional[AsyncSaveResponse] = None
         self._plan: Optional[_Plan] = None
         self._watcher = SaveWatcher(self.job)
+        self._submitter = SaveSubmitter(self.job)
 
     # -- save ---------------------------------------------------------------
 
@@ -149,7 +165,9 @@ class Checkpointer:
             except Exception:  # noqa: BLE001 - that save's caller sees it
                 pass
             self._last = None
+        self._exchange.open()
         plan, keep, values, error, raised = None, None, None, None, None
+        connection = None
         try:
             connection = self.client._connection()  # reconnects to a new daemon
             plan = self._plan
@@ -166,17 +184,35 @@ class Checkpointer:
             error = str(e)  # the peers learn it in the exchange, and fail too
         except ckptd.Error as e:
             error, raised = f"rank {self.rank}: {e}", e
+        response = self._watcher.take(checkpoint_id)
+        # From here the response keeps alive what the daemon will read (the
+        # tensors read in place; the plan, with its copy buffers, should the
+        # next save replace it before this one is staged).
+        response._keep_alive = (keep, plan)
+        response._socket = self.client.socket
+
+        def fail(e: BaseException) -> None:
+            self._plan = None
+            response._fail(response._explain(e))
+
+        self._submitter.submit(
+            lambda: self._submit(response, connection, plan, values, error, raised), fail)
+        self._last = response
+        return response
+
+    def _submit(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
+                values, error: Optional[str], raised: Optional[BaseException]) -> None:
+        """Steps 6 and 7 of a save (the module comment), on the submit thread."""
         try:
             holders, merged = self._exchange.exchange(
-                error, lambda: self._key(plan, values),
-                lambda: self._detailed(state_dict, plan, values))
+                error, lambda: self._key(plan, values), lambda: self._detailed(plan, values))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
             # daemon error keeps its class (DaemonUnavailable, ...).
             self._plan = None
-            return AsyncSaveResponse.failed(checkpoint_id, raised or e)
-        response = self._watcher.take(checkpoint_id)
+            response._fail(raised or e)
+            return
         try:
             if holders != plan.holders:
                 # Other holders than planned (ranks joined or left an fqn):
@@ -184,17 +220,13 @@ class Checkpointer:
                 self._set_holders(plan, holders)
             self._fill_values(plan, values)
             index = self._index(plan, values, merged)
-            handle = connection.save(checkpoint_id, plan.layout, {INDEX_FQN: index})
+            handle = connection.save(response.checkpoint_id, plan.layout, {INDEX_FQN: index})
         except ckptd.Error as e:
             self._plan = None
-            return AsyncSaveResponse.failed(checkpoint_id, e)
+            response._fail(response._explain(e))
+            return
         self._plan = plan
-        # The copy buffers are the plan's and stay alive with it; the
-        # response holds the tensors read in place (and the plan, should the
-        # next save replace it before this one is staged).
-        self._watcher.watch(response, handle, (keep, plan), self.client.socket)
-        self._last = response
-        return response
+        self._watcher.watch(response, handle, response._keep_alive)
 
     def save(self, state_dict, *, checkpoint_id: str) -> None:
         """Saves and returns once the checkpoint is committed."""
@@ -231,7 +263,7 @@ class Checkpointer:
                 dest[fqn] = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
             dest[fqn].copy_(t)
         generation = self.client.generation
-        keep, checked, structure, cache_leaves = [], [], {}, []
+        keep, checked, checked_fqns, structure, cache_leaves = [], [], [], {}, []
         items: List[dict] = []
         for fqn, leaf in leaves.items():
             e = tensors.get(fqn)
@@ -249,6 +281,7 @@ class Checkpointer:
                 cache_leaves.append((_state_cache.COPIED, is_checked, memory))
             if is_checked:
                 checked.append(memory)
+                checked_fqns.append(fqn)
             if fqn in aliases:
                 structure[fqn] = ("alias", aliases[fqn])
             elif e.replicas is None:
@@ -264,7 +297,8 @@ class Checkpointer:
         except ValueError:
             cache = None  # a structure the C++ walk does not check: plan every save
         plan = _Plan(cache=cache, generation=generation, value_fqns=list(raw_values),
-                     structure=structure, checked=checked, aliases=aliases, items=items,
+                     structure=structure, checked=checked,
+                     checked_fqns=checked_fqns, aliases=aliases, items=items,
                      value_item={}, holders=None, buffers=(arena, dest))
         return plan, keep, list(raw_values.values())
 
@@ -298,15 +332,18 @@ class Checkpointer:
                            for fqn, (data, digest) in values.items())
         return pickle.dumps((plan.structure_key, described, checked), protocol=4)
 
-    def _detailed(self, state_dict, plan: _Plan, values) -> Dict[str, tuple]:
+    def _detailed(self, plan: _Plan, values) -> Dict[str, tuple]:
         """Descriptions with each checked tensor's own digest: what ranks
-        exchange when their digests differ, to name the fqn."""
-        leaves, _ = flatten_mod.flatten(state_dict)
-        tensors, _ = split_leaves(leaves)
+        exchange when their digests differ, to name the fqn. The checked
+        tensors are the plan's: the copies this save took, or (a matched
+        plan) tensors over the very memory this save's hold."""
         local = self._local(plan, values)
         for fqn, d in plan.structure.items():
             if d[0] == "tensor":
-                local[fqn] = describe_tensor(tensors[fqn].local, d[1], self._check_bytes)
+                local[fqn] = d + (None,)  # above check_bytes: not compared
+        for fqn, t in zip(plan.checked_fqns, plan.checked):
+            d = plan.structure[fqn]
+            local[fqn] = describe_tensor(t, d[1], self._check_bytes)
         return local
 
     def _set_holders(self, plan: _Plan, holders) -> None:
@@ -379,6 +416,7 @@ class Checkpointer:
         newest committed), whatever sharding saved it: tensors are written
         into, Python values are replaced by the saved ones. Returns the
         checkpoint's name."""
+        self._submitter.wait_idle()  # the client is not shared with the submit thread
         first = self.client._load(checkpoint_id, [], [INDEX_FQN], True)
         name = first["checkpoint"]
         index = Index.decode(first["byte_items"].get(INDEX_FQN))

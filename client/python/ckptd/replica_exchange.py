@@ -31,8 +31,19 @@ caught before any byte is written, so the previous checkpoint stays LATEST.
 The bytes of replicated tensors above `check_bytes` and of HSDP-replicated
 DTensor shards are not compared: the daemon reads one replica only.
 
-Thread-safety: one call at a time per process group, on the thread that
-issues the group's other collectives (as for any torch.distributed call).
+The exchange runs on a gloo group of its own over the given group's ranks
+(created by open(), on the first save's call, which every rank makes; not
+when the checkpointer is made, since a load, which may run on some ranks
+alone, makes one too): the checkpointer runs it on its
+submit thread, after the save call has returned, while the training loop
+issues its own collectives on its own groups; two threads issuing
+collectives on one group could interleave them differently on different
+ranks. Gloo on CPU whatever the training's backend: the exchange moves a
+few bytes, and needs no device.
+
+Thread-safety: open() on the thread that makes the group's other
+collectives (group creation is one); exchange() one call at a time (the
+checkpointer's submit thread).
 """
 
 import pickle
@@ -70,15 +81,20 @@ class ReplicaExchange:
     def __init__(self, group=None):
         import torch.distributed as dist
         self._dist = dist if dist.is_available() and dist.is_initialized() else None
-        self._group = group
+        self._group = None
         if self._dist is None:
             self.ranks, self.rank = [0], 0
             return
         self.rank = dist.get_rank()
         self.ranks = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
-        backend = str(dist.get_backend(group))
-        self._device = (torch.device("cuda", torch.cuda.current_device())
-                        if "nccl" in backend else torch.device("cpu"))
+
+    def open(self) -> None:
+        """Creates the exchange's own group, once; every rank of the group
+        calls it (ranks outside it need not)."""
+        if self.compares and self._group is None:
+            self._group = self._dist.new_group(
+                self.ranks, backend="gloo", use_local_synchronization=True,
+                group_desc="ckptd_replica_exchange")
 
     @property
     def compares(self) -> bool:
@@ -113,10 +129,10 @@ class ReplicaExchange:
         return _merge(dict(zip(self.ranks, gathered)))
 
     def _all_gather_key(self, key: bytes) -> List[bytes]:
-        mine = torch.frombuffer(bytearray(key), dtype=torch.int64).to(self._device)
+        mine = torch.frombuffer(bytearray(key), dtype=torch.int64)
         out = [torch.empty_like(mine) for _ in self.ranks]
         self._dist.all_gather(out, mine, group=self._group)
-        return [t.cpu().numpy().tobytes() for t in out]
+        return [t.numpy().tobytes() for t in out]
 
 
 def _merge(by_rank: Dict[int, tuple]) -> Tuple[Dict[str, List[int]], Descriptions]:

@@ -38,7 +38,7 @@ class AsyncSaveResponse:
     """Returned by ckptd.torch.async_save; fields as DCP's AsyncSaveResponse."""
 
     __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
-                 "_keep_alive", "_handle", "_socket")
+                 "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested")
 
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
@@ -47,6 +47,9 @@ class AsyncSaveResponse:
         self._keep_alive: Optional[Any] = None
         self._handle = None
         self._socket = None
+        # cancel() may come before the submit thread has the save's handle.
+        self._lock = threading.Lock()
+        self._cancel_requested = False
 
     @classmethod
     def failed(cls, checkpoint_id: str, error: BaseException) -> "AsyncSaveResponse":
@@ -71,13 +74,30 @@ class AsyncSaveResponse:
         return error
 
     def progress(self) -> dict:
-        """The daemon's view of this rank's part ({} for a save refused
-        before it reached the daemon)."""
-        return self._handle.progress() if self._handle is not None else {}
+        """The daemon's view of this rank's part ({} for a save not yet
+        submitted, or refused before it reached the daemon)."""
+        handle = self._handle
+        return handle.progress() if handle is not None else {}
 
     def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
+        """Cancels the save (every rank's part); one not yet submitted is
+        cancelled as soon as it is."""
+        with self._lock:
+            self._cancel_requested = True
+            handle = self._handle
+        if handle is not None:
+            handle.cancel()
+
+    def _attach(self, handle) -> None:
+        """The submitted save's handle (the submit thread)."""
+        with self._lock:
+            self._handle = handle
+            cancel = self._cancel_requested
+        if cancel:
+            try:
+                handle.cancel()
+            except errors.CkptdError:
+                pass  # the save fails or commits regardless; its futures say which
 
 
 class SaveWatcher:
@@ -99,10 +119,9 @@ class SaveWatcher:
         response.checkpoint_id = checkpoint_id
         return response
 
-    def watch(self, response: AsyncSaveResponse, handle, keep_alive, socket) -> None:
-        response._handle = handle
+    def watch(self, response: AsyncSaveResponse, handle, keep_alive) -> None:
         response._keep_alive = keep_alive
-        response._socket = socket
+        response._attach(handle)
         if not self._started:
             self._started = True
             for target, q in ((self._stage, self._staging), (self._commit, self._commits)):

@@ -21,8 +21,9 @@ value under one fqn on several ranks is replicated state, written once;
 unlike DCP, replicas that hold different values fail the save, naming the
 fqn, instead of one of them being kept silently. Tensors sharing storage
 (tied weights, views) are written once. Every rank of the job calls
-async_save/save together (they run one small collective), as with DCP;
-load needs no collective.
+async_save/save together (they run one small collective, on a gloo group
+the package makes at the first save, after the call has returned), as with
+DCP; load needs no collective.
 
 The job defaults to $CKPTD_JOB (else "default"), the socket to the daemon's
 default. Each (job, socket, process_group) keeps one Checkpointer
@@ -60,11 +61,15 @@ def checkpointer(job: Optional[str] = None, socket: Optional[str] = None,
 def async_save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
                socket: Optional[str] = None, process_group=None) -> AsyncSaveResponse:
     """Starts saving `state_dict` as checkpoint `checkpoint_id` (a name such
-    as "step-00001000") and returns in about a millisecond once the daemon
-    accepted it. Wait for response.staging_completion before mutating the
-    state; response.upload_completion resolves once the checkpoint is
-    committed. Errors (bad input, disagreeing replicas, a failed save)
-    are raised from the futures, on every rank."""
+    as "step-00001000") and returns in well under a millisecond once the
+    save plan is checked, the small tensors copied and the Python values
+    pickled; the ranks' exchange and the hand-over to the daemon follow on
+    the package's submit thread (checkpointer.py). Wait for
+    response.staging_completion before mutating the state: it resolves once
+    the daemon has copied every byte out. response.upload_completion
+    resolves once the checkpoint is committed. Errors (bad input,
+    disagreeing replicas, a failed save) are raised from the futures, on
+    every rank."""
     return checkpointer(job, socket, process_group).async_save(
         state_dict, checkpoint_id=checkpoint_id)
 
