@@ -254,32 +254,41 @@ def plots(results, img_dir, prefix):
     order = [m for m in LABELS if m != "ckptd-capped"
              and any(ok(by_method(s).get(m)) for s in sts)]
 
-    def grouped(metric, scale, unit, title, fname, log=False):
-        fig, ax = plt.subplots(figsize=(11, 0.5 + 0.45 * len(order) * 1.0 + 1.2))
+    def save(fig, fname):
+        fig.tight_layout()
+        path = os.path.join(img_dir, f"{prefix}-{fname}.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    def grouped_barh(ax, labels, values_of):
+        """One bar per (row, state), each row's states side by side;
+        values_of(state) -> [(row index, value)] for the rows it has."""
         h = 0.8 / len(sts)
         for j, st in enumerate(sts):
-            m = by_method(st)
-            ys, vals = [], []
-            for i, name in enumerate(order):
-                r = m.get(name)
-                if ok(r) and r.get(metric) is not None:
-                    ys.append(i + j * h)
-                    vals.append(r[metric] * scale)
-            ax.barh(ys, vals, height=h, label=state_name(st))
-        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(order))])
-        ax.set_yticklabels([LABELS[n] for n in order])
+            vals = values_of(st)
+            ax.barh([i + j * h for i, _ in vals], [v for _, v in vals], height=h,
+                    label=state_name(st))
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(labels))])
+        ax.set_yticklabels(labels)
         ax.invert_yaxis()
+
+    def grouped(metric, scale, unit, title, fname, log=False):
+        fig, ax = plt.subplots(figsize=(11, 0.5 + 0.45 * len(order) * 1.0 + 1.2))
+
+        def values_of(st):
+            m = by_method(st)
+            return [(i, m[name][metric] * scale) for i, name in enumerate(order)
+                    if ok(m.get(name)) and m[name].get(metric) is not None]
+
+        grouped_barh(ax, [LABELS[n] for n in order], values_of)
         if log:
             ax.set_xscale("log")
         ax.set_xlabel(unit)
         ax.set_title(title)
         ax.legend(fontsize=8)
         ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        path = os.path.join(img_dir, f"{prefix}-{fname}.png")
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        written.append(path)
+        save(fig, fname)
 
     grouped("call_s", 1e3, "ms (log scale)", "Trainer blocked in the save call (median)",
             "blocking", log=True)
@@ -310,35 +319,25 @@ def plots(results, img_dir, prefix):
         ax.grid(axis="x", alpha=0.3)
     runs = next((len(r.get("call_s_runs", [])) for r in st["methods"] if ok(r)), 0)
     fig.suptitle(f"Saving {state_name(st)} over 4 CPU ranks (same run, median of {runs})")
-    fig.tight_layout()
-    path = os.path.join(img_dir, f"{prefix}-headline.png")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
+    save(fig, "headline")
 
     # Scale: restore after a trainer restart.
     fig, ax = plt.subplots(figsize=(10, 4))
     rest = [("ckptd-tier", "ckptd, memory tier"), ("ckptd", "ckptd, storage"),
             ("dcp-save", "DCP load"), ("torch-checkpointing", "torch_checkpointing load"),
             ("torch-save", "torch.load + copy")]
-    h = 0.8 / len(sts)
-    for j, s in enumerate(sts):
+
+    def restore_of(s):
         mm = by_method(s)
-        vals = [(i + j * h, mm[k]["restore_s"]) for i, (k, _) in enumerate(rest)
+        return [(i, mm[k]["restore_s"]) for i, (k, _) in enumerate(rest)
                 if ok(mm.get(k)) and mm[k].get("restore_s")]
-        ax.barh([v[0] for v in vals], [v[1] for v in vals], height=h, label=state_name(s))
-    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(rest))])
-    ax.set_yticklabels([l for _, l in rest])
-    ax.invert_yaxis()
+
+    grouped_barh(ax, [l for _, l in rest], restore_of)
     ax.set_xlabel("s (fresh processes, page cache dropped)")
     ax.set_title("Restore after a trainer restart")
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(img_dir, f"{prefix}-restore.png")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
+    save(fig, "restore")
 
     # Scale: write rate capped.
     for s in sts:
@@ -354,11 +353,7 @@ def plots(results, img_dir, prefix):
                        color=["tab:green", "tab:orange"])
                 ax.set_title(unit)
             fig.suptitle(f"ckptd with the daemon's write rate capped ({state_name(s)})")
-            fig.tight_layout()
-            path = os.path.join(img_dir, f"{prefix}-capped.png")
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            written.append(path)
+            save(fig, "capped")
             break
     return written
 
