@@ -74,6 +74,25 @@ void SaveCommitted(TestRank& rank, const std::string& checkpoint) {
   REQUIRE(committed.ok());
 }
 
+// A daemon started from `dir`'s ckptd.conf with keep_last 0, and a rank of
+// job "job" whose three saves (step-1 to step-3) are committed and all kept.
+// The tests rewrite the file and send SIGHUP.
+struct ThreeCommittedSaves {
+  explicit ThreeCommittedSaves(const ConfigDir& dir)
+      : config(dir.Write("ckptd.conf", "keep_last: 0\n")),
+        daemon({"--config", config}),
+        rank(daemon.socket(), "job", 2, 1 << 20) {
+    rank.Fill(1);
+    SaveCommitted(rank, "step-1");
+    SaveCommitted(rank, "step-2");
+    SaveCommitted(rank, "step-3");
+  }
+
+  const std::string config;
+  DaemonProcess daemon;
+  TestRank rank;
+};
+
 TEST_CASE("ckptd refuses a config file with an unknown key, naming the file and line",
           "[integration][config]") {
   ConfigDir dir;
@@ -112,13 +131,10 @@ TEST_CASE("SIGHUP applies a changed keep_last and log level live, and a bad file
           "changes nothing",
           "[integration][config][reload]") {
   ConfigDir dir;
-  const std::string config = dir.Write("ckptd.conf", "keep_last: 0\n");
-  DaemonProcess daemon({"--config", config});
-  TestRank rank(daemon.socket(), "job", 2, 1 << 20);
-  rank.Fill(1);
-  SaveCommitted(rank, "step-1");
-  SaveCommitted(rank, "step-2");
-  SaveCommitted(rank, "step-3");
+  ThreeCommittedSaves saved(dir);
+  const std::string& config = saved.config;
+  DaemonProcess& daemon = saved.daemon;
+  TestRank& rank = saved.rank;
   CHECK(CommittedCheckpoints(daemon.root(), "job") == 3);  // keep_last 0 keeps all
 
   // Live: retention keeps 1 from the next commit on; the log keeps only
@@ -156,18 +172,13 @@ TEST_CASE("SIGHUP applies a changed keep_last and log level live, and a bad file
   CHECK(WaitForLog(daemon, Committed("step-6"), 5'000));
 }
 
-}  // namespace
 TEST_CASE("ckptctl gc applies retention now: a keep_last lowered by SIGHUP "
           "removes the older checkpoints without waiting for a commit",
           "[integration][config][reload][ckptctl]") {
   ConfigDir dir;
-  const std::string config = dir.Write("ckptd.conf", "keep_last: 0\n");
-  DaemonProcess daemon({"--config", config});
-  TestRank rank(daemon.socket(), "job", 2, 1 << 20);
-  rank.Fill(1);
-  SaveCommitted(rank, "step-1");
-  SaveCommitted(rank, "step-2");
-  SaveCommitted(rank, "step-3");
+  ThreeCommittedSaves saved(dir);
+  DaemonProcess& daemon = saved.daemon;
+  TestRank& rank = saved.rank;
   // Retention runs after the client hears COMMITTED; the commit's line is
   // written once it read keep_last, so a reload after it waits for the gc.
   REQUIRE(WaitForLog(daemon, Committed("step-3"), 5'000));
@@ -188,4 +199,5 @@ TEST_CASE("ckptctl gc applies retention now: a keep_last lowered by SIGHUP "
   CHECK(loaded->checkpoint() == "step-3");
 }
 
+}  // namespace
 }  // namespace ckpt::testing

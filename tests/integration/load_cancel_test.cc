@@ -1,4 +1,4 @@
-// Cancelling a load (client/ckpt_client.h, CallCanceller; the daemon's side
+// Cancelling a load (client/call_canceller.h, CallCanceller; the daemon's side
 // in restore/load_gate.h): the call ends promptly, and once it has returned
 // the daemon writes no byte of that load into the trainer's memory, which
 // the trainer may then free or reuse.
@@ -11,8 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,6 +74,51 @@ bool AllZero(const char* bytes, size_t n) {
   return true;
 }
 
+// Rank 0 of a node of 2 ranks whose rank 1 never comes: its loads wait
+// --load_batch_ms for rank 1, then run their round. Owns the daemon, which
+// holds one committed checkpoint (step-1 of `job`, one tensor of kLoadBytes),
+// and a zeroed buffer of kLoadBytes, registered: request() loads step-1 into
+// it. The destructor closes the client before it unmaps the buffer.
+class LoneRankOfTwo {
+ public:
+  static constexpr uint64_t kLoadBytes = 1 << 20;
+
+  LoneRankOfTwo(const std::string& job, int load_batch_ms,
+                uint32_t cancel_confirm_ms = ConnectOptions{}.cancel_confirm_ms)
+      : daemon_({"--load_batch_ms", std::to_string(load_batch_ms)}) {
+    SaveCommitted(daemon_, job, "step-1", 1, kLoadBytes);
+    mem_ = mmap(nullptr, kLoadBytes, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    REQUIRE(mem_ != MAP_FAILED);
+    ConnectOptions options{.socket = daemon_.socket(), .job = job, .rank = 0,
+                           .world_size = 2, .local_world_size = 2};
+    options.cancel_confirm_ms = cancel_confirm_ms;
+    auto client = Client::Connect(options);
+    REQUIRE(client.ok());
+    client_ = *std::move(client);
+    auto region = client_->RegisterRegion(mem_, kLoadBytes);
+    REQUIRE(region.ok());
+    request_.set_job(job);
+    request_.set_checkpoint("step-1");
+    *request_.add_tensors() = MatrixItem("model.layers.0.weight", kLoadBytes, *region, 0);
+  }
+  ~LoneRankOfTwo() {
+    client_.reset();
+    if (mem_ != MAP_FAILED) munmap(mem_, kLoadBytes);
+  }
+
+  DaemonProcess& daemon() { return daemon_; }
+  Client& client() { return *client_; }
+  const v1::LoadRequest& request() const { return request_; }
+  const char* memory() const { return static_cast<const char*>(mem_); }
+
+ private:
+  DaemonProcess daemon_;
+  void* mem_ = MAP_FAILED;
+  std::unique_ptr<Client> client_;
+  v1::LoadRequest request_;
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -80,22 +127,7 @@ TEST_CASE(
     "[integration][load_cancel]") {
   // Rank 0 of 2 on this node loads alone: its round waits --load_batch_ms
   // for rank 1, then runs and would write into the buffer.
-  DaemonProcess daemon({"--load_batch_ms", "2000"});
-  constexpr uint64_t kBytes = 1 << 20;
-  SaveCommitted(daemon, "queued", "step-1", 1, kBytes);
-
-  void* mem = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  REQUIRE(mem != MAP_FAILED);
-  auto client = Client::Connect({.socket = daemon.socket(), .job = "queued", .rank = 0,
-                                 .world_size = 2, .local_world_size = 2});
-  REQUIRE(client.ok());
-  auto region = (*client)->RegisterRegion(mem, kBytes);
-  REQUIRE(region.ok());
-  v1::LoadRequest request;
-  request.set_job("queued");
-  request.set_checkpoint("step-1");
-  *request.add_tensors() = MatrixItem("model.layers.0.weight", kBytes, *region, 0);
+  LoneRankOfTwo rank("queued", 2000);
 
   CallCanceller canceller;
   Clock::time_point cancelled_at;
@@ -104,7 +136,7 @@ TEST_CASE(
     cancelled_at = Clock::now();
     canceller.Cancel();
   });
-  const auto loaded = (*client)->Load(request, &canceller);
+  const auto loaded = rank.client().Load(rank.request(), &canceller);
   const Clock::time_point returned_at = Clock::now();
   cancel.join();
   const double after_cancel = std::chrono::duration<double>(returned_at - cancelled_at).count();
@@ -114,12 +146,10 @@ TEST_CASE(
   // Past the batch window, the round has run: the cancelled load's bytes
   // must not have reached the buffer.
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  CHECK(AllZero(static_cast<const char*>(mem), kBytes));
+  CHECK(AllZero(rank.memory(), LoneRankOfTwo::kLoadBytes));
   // A canceller stays cancelled; the client serves other calls.
-  CHECK(absl::IsCancelled((*client)->List("queued", &canceller).status()));
-  CHECK((*client)->List("queued").ok());
-  client->reset();
-  munmap(mem, kBytes);
+  CHECK(absl::IsCancelled(rank.client().List("queued", &canceller).status()));
+  CHECK(rank.client().List("queued").ok());
 }
 
 TEST_CASE(
@@ -176,23 +206,8 @@ TEST_CASE(
     "a cancelled load waits for the daemon's confirmation, and a stopped daemon's "
     "silence is DEADLINE_EXCEEDED after cancel_confirm_ms, not CANCELLED",
     "[integration][load_cancel]") {
-  DaemonProcess daemon({"--load_batch_ms", "3000"});
-  constexpr uint64_t kBytes = 1 << 20;
-  SaveCommitted(daemon, "stopped", "step-1", 1, kBytes);
-  void* mem = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  REQUIRE(mem != MAP_FAILED);
-  ConnectOptions options{.socket = daemon.socket(), .job = "stopped", .rank = 0,
-                         .world_size = 2, .local_world_size = 2};
-  options.cancel_confirm_ms = 500;
-  auto client = Client::Connect(options);
-  REQUIRE(client.ok());
-  auto region = (*client)->RegisterRegion(mem, kBytes);
-  REQUIRE(region.ok());
-  v1::LoadRequest request;
-  request.set_job("stopped");
-  request.set_checkpoint("step-1");
-  *request.add_tensors() = MatrixItem("model.layers.0.weight", kBytes, *region, 0);
+  LoneRankOfTwo rank("stopped", 3000, /*cancel_confirm_ms=*/500);
+  DaemonProcess& daemon = rank.daemon();
 
   // The load waits for its round; the daemon stops before the cancel.
   CallCanceller canceller;
@@ -203,7 +218,7 @@ TEST_CASE(
     canceller.Cancel();
   });
   const Clock::time_point started = Clock::now();
-  const auto loaded = (*client)->Load(request, &canceller);
+  const auto loaded = rank.client().Load(rank.request(), &canceller);
   const double took = SecondsSince(started);
   cancel.join();
   REQUIRE(stopped);
@@ -214,9 +229,7 @@ TEST_CASE(
   // Resumed, the daemon sees the load's call cancelled (the client ended
   // it) and skips its writes when the round runs.
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
-  CHECK(AllZero(static_cast<const char*>(mem), kBytes));
-  client->reset();
-  munmap(mem, kBytes);
+  CHECK(AllZero(rank.memory(), LoneRankOfTwo::kLoadBytes));
 }
 
 }  // namespace ckpt::testing
