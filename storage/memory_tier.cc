@@ -32,50 +32,65 @@ void FileImage::PinWith(ImagePinner* pinner) {
 
 void MemoryTier::SetPinner(ImagePinner* pinner) { pinner_ = pinner; }
 
-bool MemoryTier::EvictLocked(uint64_t room, const std::string& keep,
-                             uint64_t reuse_size,
-                             std::shared_ptr<FileImage>* reused,
-                             std::vector<std::shared_ptr<FileImage>>* evicted) {
-  // Evict other checkpoints, oldest first, skipping images a load holds.
-  while (used_ + room > budget_) {
-    Checkpoint* oldest = nullptr;
-    std::string oldest_key;
-    for (auto& [k, cp] : checkpoints_) {
-      if (k == keep) continue;
-      bool busy = false;
-      for (const auto& [name, image] : cp.files) busy = busy || image.use_count() > 1;
-      if (busy) continue;
-      if (oldest == nullptr || cp.sequence < oldest->sequence) {
-        oldest = &cp;
-        oldest_key = k;
-      }
+std::map<std::string, MemoryTier::Checkpoint>::iterator MemoryTier::OldestIdleLocked(
+    const std::string& keep) {
+  auto oldest = checkpoints_.end();
+  for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
+    if (it->first == keep) continue;
+    bool busy = false;  // a load (or a save) holds one of its images
+    for (const auto& [name, image] : it->second.files) busy = busy || image.use_count() > 1;
+    if (busy) continue;
+    if (oldest == checkpoints_.end() || it->second.sequence < oldest->second.sequence) {
+      oldest = it;
     }
-    if (oldest == nullptr) return false;
-    for (const auto& [name, image] : oldest->files) {
-      used_ -= image->size();
-      if (reused != nullptr && *reused == nullptr && image->size() == reuse_size) {
-        *reused = image;
-      } else {
-        evicted->push_back(image);
-      }
-    }
-    checkpoints_.erase(oldest_key);
   }
-  return true;
+  return oldest;
+}
+
+std::shared_ptr<FileImage> MemoryTier::MakeRoomLocked(
+    uint64_t room, const std::string& keep, uint64_t reuse_size, bool* fits,
+    std::vector<std::shared_ptr<FileImage>>* unmap) {
+  *fits = false;
+  while (true) {
+    if (reuse_size != 0) {
+      for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+        if ((*it)->size() != reuse_size) continue;
+        std::shared_ptr<FileImage> image = std::move(*it);
+        spares_.erase(it);
+        used_ -= image->size();  // the caller counts it again
+        *fits = true;
+        return image;
+      }
+    }
+    if (used_ + room <= budget_) {
+      *fits = true;
+      return nullptr;
+    }
+    if (!spares_.empty()) {  // of other sizes: unmapped, oldest first
+      used_ -= spares_.front()->size();
+      unmap->push_back(std::move(spares_.front()));
+      spares_.erase(spares_.begin());
+      continue;
+    }
+    auto oldest = OldestIdleLocked(keep);
+    if (oldest == checkpoints_.end()) return nullptr;
+    for (auto& [name, image] : oldest->second.files) spares_.push_back(std::move(image));
+    checkpoints_.erase(oldest);  // its bytes stay in used_, as spares
+  }
 }
 
 std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
                                                const std::string& checkpoint,
                                                const std::string& file, uint64_t size) {
-  // Evicted images are unpinned and unmapped after the lock is released.
-  std::vector<std::shared_ptr<FileImage>> evicted;
+  // Spares given up are unpinned and unmapped after the lock is released.
+  std::vector<std::shared_ptr<FileImage>> unmap;
   absl::MutexLock lock(&mu_);
   if (size > budget_) return nullptr;
   const std::string key = Key(job, checkpoint);
-  std::shared_ptr<FileImage> reused;
-  if (!EvictLocked(size, key, size, &reused, &evicted)) return nullptr;
-  std::shared_ptr<FileImage> image =
-      reused != nullptr ? std::move(reused) : std::make_shared<FileImage>(size);
+  bool fits = false;
+  std::shared_ptr<FileImage> image = MakeRoomLocked(size, key, size, &fits, &unmap);
+  if (!fits) return nullptr;
+  if (image == nullptr) image = std::make_shared<FileImage>(size);
   if (image->data() == nullptr) return nullptr;
   Checkpoint& cp = checkpoints_[key];
   if (cp.files.empty()) cp.sequence = next_sequence_++;
@@ -87,15 +102,15 @@ std::shared_ptr<FileImage> MemoryTier::Reserve(const std::string& job,
 }
 
 uint64_t MemoryTier::SetBudget(uint64_t budget) {
-  std::vector<std::shared_ptr<FileImage>> evicted;  // unmapped after unlocking
-  uint64_t freed = 0;
+  std::vector<std::shared_ptr<FileImage>> unmap;  // unmapped after unlocking
   absl::MutexLock lock(&mu_);
   budget_ = budget;
   const uint64_t before = used_;
   // What cannot go now (held by a load or a save) goes at a later Reserve.
-  EvictLocked(0, /*keep=*/"", 0, nullptr, &evicted);
-  freed = before - used_;
-  return freed;
+  bool fits = false;
+  MakeRoomLocked(0, /*keep=*/"", 0, &fits, &unmap);
+  // Spares beyond the budget went above; those within it stay for reuse.
+  return before - used_;
 }
 
 uint64_t MemoryTier::budget() const {

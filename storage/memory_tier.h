@@ -8,11 +8,15 @@
 // fails (Drop). Loads ask for an image by file (Find) and read it instead
 // of the file, verifying every block as from storage. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
-// oldest other checkpoints' images that no load is using (an evicted image
-// of the same size is reused: saves of one job repeat their file sizes, and
-// unmapping and faulting in gigabytes again would delay the next save's
-// staging); if that is not enough, the file is simply not kept. The staging pool and the tier are
-// separate, fixed budgets, so together they bound the daemon's memory.
+// oldest other checkpoints' images that no load is using; if that is not
+// enough, the file is simply not kept. Evicted images are not unmapped at
+// once but kept as spares, still counted against the budget, and a later
+// Reserve of the same size takes one: saves of a job repeat their file
+// sizes (one per rank or file), and unmapping gigabytes only to fault them
+// in again would slow the next save's tier copies by the page faults. A
+// spare is unmapped only when its room is needed for an image of another
+// size. The staging pool and the tier are separate, fixed budgets, so
+// together they bound the daemon's memory.
 //
 // Thread-safety: all methods may be called from any thread. An image stays
 // valid while the shared_ptr Find or Reserve returned is held.
@@ -101,14 +105,20 @@ class MemoryTier {
     return job + "/" + checkpoint;
   }
 
-  // Evicts the oldest checkpoints other than `keep` whose images nobody
-  // holds until `used_ + room <= budget_`; false if that cannot be done.
-  // One evicted image of `reuse_size` bytes (0: none) goes to `*reused`,
-  // the others to `*evicted`, to be unmapped after the lock is released.
-  bool EvictLocked(uint64_t room, const std::string& keep, uint64_t reuse_size,
-                   std::shared_ptr<FileImage>* reused,
-                   std::vector<std::shared_ptr<FileImage>>* evicted)
+  // Makes `room` bytes fit in the budget. With `reuse_size` (non-zero),
+  // returns a spare image of that size as soon as one exists (its bytes are
+  // counted already); else frees room: spares first (to `*unmap`), then the
+  // oldest checkpoint other than `keep` that nobody holds, whose images
+  // become spares. Null with `*fits` false when neither can be done; null
+  // with `*fits` true when `room` fits without a spare.
+  std::shared_ptr<FileImage> MakeRoomLocked(uint64_t room, const std::string& keep,
+                                            uint64_t reuse_size, bool* fits,
+                                            std::vector<std::shared_ptr<FileImage>>* unmap)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint other than `keep` that was reserved first and whose
+  // images nobody holds; checkpoints_.end() if none.
+  std::map<std::string, Checkpoint>::iterator OldestIdleLocked(
+      const std::string& keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<ImagePinner*> pinner_{nullptr};
   mutable absl::Mutex mu_;
@@ -116,6 +126,8 @@ class MemoryTier {
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, Checkpoint> checkpoints_ ABSL_GUARDED_BY(mu_);
+  // Evicted images kept for reuse, oldest first; counted in used_.
+  std::vector<std::shared_ptr<FileImage>> spares_ ABSL_GUARDED_BY(mu_);
 
   // Read at each metrics render; last, so unbound before what they read goes.
   GaugeBinding used_gauge_ = DaemonMetrics::Get().memory_tier_used_bytes.Bind(

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <string>
 
 namespace ckpt {
 namespace {
@@ -91,6 +92,48 @@ TEST_CASE("shrinking a tier's budget evicts the oldest checkpoints nobody holds 
   // Growing it turns it on again.
   CHECK(tier.SetBudget(4096) == 0);
   CHECK(tier.Reserve("job", "d", "f", 4096) != nullptr);
+}
+
+TEST_CASE("every image of an evicted checkpoint serves a later file of its size, and "
+          "spares give way to images of other sizes within the budget",
+          "[memory_tier]") {
+  constexpr uint64_t kFile = 4 * 4096;
+  MemoryTier tier(4 * kFile);
+  // A checkpoint of four ranks' files, each filled; then the next save.
+  for (int rank = 0; rank < 4; ++rank) {
+    auto image = tier.Reserve("job", "a", "rank" + std::to_string(rank), kFile);
+    REQUIRE(image != nullptr);
+    std::memset(image->data(), 0xAB, kFile);
+  }
+  tier.MarkCommitted("job", "a");
+  for (int rank = 0; rank < 4; ++rank) {
+    auto image = tier.Reserve("job", "b", "rank" + std::to_string(rank), kFile);
+    REQUIRE(image != nullptr);
+    // An evicted image, not a fresh (zero-filled) mapping.
+    CHECK(static_cast<unsigned char>(image->data()[0]) == 0xAB);
+    CHECK(static_cast<unsigned char>(image->data()[kFile - 1]) == 0xAB);
+    CHECK(tier.used_bytes() <= 4 * kFile);
+  }
+  CHECK(tier.Find("job", "a", "rank0", kFile) == nullptr);
+  CHECK(tier.used_bytes() == 4 * kFile);
+
+  // b evicted for one larger file: the three spares it does not reuse are
+  // unmapped to make room, and the budget holds throughout.
+  tier.MarkCommitted("job", "b");
+  auto big = tier.Reserve("job", "c", "whole", 2 * kFile);
+  REQUIRE(big != nullptr);
+  CHECK(static_cast<unsigned char>(big->data()[0]) == 0);  // fresh
+  CHECK(tier.used_bytes() <= 4 * kFile);
+  CHECK(tier.Find("job", "b", "rank0", kFile) == nullptr);
+  // What is left of b's images still serves files of their size.
+  auto small = tier.Reserve("job", "c", "extra", kFile);
+  REQUIRE(small != nullptr);
+  CHECK(tier.used_bytes() <= 4 * kFile);
+  // Shrinking to nothing unmaps the spares too.
+  big.reset();
+  small.reset();
+  tier.SetBudget(0);
+  CHECK(tier.used_bytes() == 0);
 }
 
 }  // namespace
