@@ -26,6 +26,7 @@
 #include "client/ckptctl_help.h"
 #include "client/hf_export.h"
 #include "common/control_socket.h"
+#include "common/damage_list.h"
 #include "common/status.h"
 
 namespace {
@@ -248,9 +249,12 @@ absl::StatusOr<int> Verify(Daemon& daemon, const std::string& job,
       const ckpt::v1::VerifyResponse response,
       daemon.Call(&Ckptd::Stub::Verify, request, "verify", kNoDeadline));
   for (const auto& d : response.damage()) std::printf("DAMAGED: %s\n", d.c_str());
-  std::printf("%s/%s: %u files, %s verified, %d problem(s)\n", job.c_str(),
+  // The daemon lists the first problems and counts the rest in a last line
+  // (common/damage_list.h): the total comes from there.
+  std::printf("%s/%s: %u files, %s verified, %llu problem(s)\n", job.c_str(),
               response.checkpoint().c_str(), response.files(),
-              Bytes(response.bytes_verified()).c_str(), response.damage_size());
+              Bytes(response.bytes_verified()).c_str(),
+              static_cast<unsigned long long>(ckpt::DamageTotal(response.damage())));
   return response.damage().empty() ? kExitOk : kExitDamage;
 }
 

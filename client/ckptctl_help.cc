@@ -86,9 +86,11 @@ constexpr Page kPages[] = {
      "DESCRIPTION\n"
      "    Re-reads every file of CHECKPOINT (default: LATEST) and checks every\n"
      "    block against the checksums of its COMMIT record, the safetensors\n"
-     "    headers included. Prints each problem (file and item) and a summary;\n"
-     "    exits 3 if there is any. Holds a read lease, so retention does not\n"
-     "    delete the checkpoint while it runs.\n\n"},
+     "    headers included. Prints each problem (file and item) and a summary\n"
+     "    with their total; exits 3 if there is any. Past the first 1,000\n"
+     "    problems (or 256 KiB of them) one last line counts the rest:\n"
+     "    \"and N more problems not listed: T in all\". Holds a read lease,\n"
+     "    so retention does not delete the checkpoint while it runs.\n\n"},
     {"inspect", "the index of a committed checkpoint",
      "SYNOPSIS\n"
      "    ckptctl [--socket PATH] inspect [--json] JOB [CHECKPOINT]\n\n"

@@ -65,12 +65,15 @@ uint64_t CountCopyRuns(const Box& src, const Box& dst) {
   return runs;
 }
 
-std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,
-                                    uint64_t element_bytes) {
+void ForEachCopyRun(const Box& src, const Box& dst, uint64_t element_bytes,
+                    absl::FunctionRef<void(const CopyRun&)> visit) {
   const size_t rank = src.shape.size();
   Overlap o;
-  if (!OverlapOf(src, dst, &o)) return {};
-  if (rank == 0) return {{0, 0, element_bytes}};
+  if (!OverlapOf(src, dst, &o)) return;
+  if (rank == 0) {
+    visit({0, 0, element_bytes});
+    return;
+  }
   const std::vector<uint64_t>& lo = o.lo;
   const std::vector<uint64_t>& extent = o.extent;
   const size_t first = o.first;
@@ -84,7 +87,6 @@ std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,
   for (size_t d = first; d < rank; ++d) run *= extent[d];
   // Iterate over the index space of dims [0, first).
   std::vector<uint64_t> index(first, 0);
-  std::vector<CopyRun> runs;
   while (true) {
     uint64_t s = 0, t = 0;
     for (size_t d = 0; d < rank; ++d) {
@@ -92,16 +94,23 @@ std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,
       s += (i - src.offsets[d]) * src_stride[d];
       t += (i - dst.offsets[d]) * dst_stride[d];
     }
-    runs.push_back({s * element_bytes, t * element_bytes, run * element_bytes});
+    visit({s * element_bytes, t * element_bytes, run * element_bytes});
     size_t d = first;
     while (d > 0) {
       --d;
       if (++index[d] < extent[d]) break;
       index[d] = 0;
-      if (d == 0) return runs;
+      if (d == 0) return;
     }
-    if (first == 0) return runs;
+    if (first == 0) return;
   }
+}
+
+std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,
+                                    uint64_t element_bytes) {
+  std::vector<CopyRun> runs;
+  ForEachCopyRun(src, dst, element_bytes, [&](const CopyRun& r) { runs.push_back(r); });
+  return runs;
 }
 
 }  // namespace ckpt

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 
 namespace ckpt {
@@ -41,8 +42,14 @@ uint64_t OverlapElements(const Box& a, const Box& b);
 // bounding its memory counts first. Saturates at UINT64_MAX.
 uint64_t CountCopyRuns(const Box& src, const Box& dst);
 
-// The runs that copy the overlap of `src` and `dst` (same rank), in
-// row-major order of the overlap; empty if they do not overlap.
+// Calls `visit` with each run that copies the overlap of `src` and `dst`
+// (same rank), in row-major order of the overlap (so with increasing `src`
+// and `dst`); never if they do not overlap. Holds no run list: a load plan
+// that must stay within its budget makes each run where it keeps it.
+void ForEachCopyRun(const Box& src, const Box& dst, uint64_t element_bytes,
+                    absl::FunctionRef<void(const CopyRun&)> visit);
+
+// The runs of ForEachCopyRun as a list.
 std::vector<CopyRun> IntersectBoxes(const Box& src, const Box& dst,
                                     uint64_t element_bytes);
 

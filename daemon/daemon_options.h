@@ -47,12 +47,13 @@ struct DaemonOptions {
   // item; the defaults and their reasons are LayoutLimits'.
   uint64_t layout_bytes_per_session = 256ull << 20;
   uint64_t layout_bytes_total = 1ull << 30;
-  // Memory the plans of loads in flight may hold, over the daemon: 32 bytes
-  // per copy run, and a slice narrower than the stored rows is a run per
-  // row (restore/load_plan_budget.h). A load past it fails
-  // RESOURCE_EXHAUSTED. 1 GiB is 32M runs: loading every matrix of a 70B
-  // model (stored in row shards) into column shards takes ~6.7M runs per
-  // rank, so a node of 4 ranks doing that in one round fits; 8 need ~1.7 GiB.
+  // Memory the plans of loads in flight may hold at their peak, over the
+  // daemon: 64 bytes per copy run (its delivery and its one transient
+  // copy), and a slice narrower than the stored rows is a run per row
+  // (restore/load_plan_budget.h). A load past it fails RESOURCE_EXHAUSTED.
+  // 1 GiB is 16M runs: loading every matrix of a 70B model (stored in row
+  // shards) into column shards takes ~6.7M runs per rank, so a node of 2
+  // ranks doing that in one round fits; 8 need ~3.2 GiB.
   uint64_t load_plan_bytes = 1ull << 30;
   // Open gRPC connections; more are closed at once (each costs a descriptor).
   uint32_t max_connections = 4096;

@@ -59,8 +59,9 @@ ABSL_FLAG(uint64_t, layout_bytes_per_session, kDefaults.layout_bytes_per_session
 ABSL_FLAG(uint64_t, layout_bytes_total, kDefaults.layout_bytes_total,
           "memory the layouts of all sessions together may hold");
 ABSL_FLAG(uint64_t, load_plan_bytes, kDefaults.load_plan_bytes,
-          "memory the plans of loads in flight may hold (32 bytes per copy "
-          "run; a slice narrower than the stored rows is a run per row)");
+          "memory the plans of loads in flight may hold at their peak (64 "
+          "bytes per copy run; a slice narrower than the stored rows is a run "
+          "per row)");
 ABSL_FLAG(std::string, socket_group, kDefaults.socket_group,
           "group (name or number) whose members may use the sockets besides "
           "root and the daemon's user; empty: nobody else");

@@ -101,6 +101,10 @@ void ReportRecovery(const StartupRecovery& recovery, VisibleJobs& visible,
   };
   add(recovery.temporaries_removed, report->mutable_temporaries_removed());
   add(recovery.checkpoints_removed, report->mutable_checkpoints_removed());
+  // The report has no field of its own for them: an empty directory left
+  // by a save that died before its marker is an uncommitted checkpoint
+  // removed whole.
+  add(recovery.empty_directories_removed, report->mutable_checkpoints_removed());
   add(recovery.parts_removed, report->mutable_parts_removed());
   add(recovery.latest_repaired, report->mutable_latest_repaired());
   add(recovery.left, report->mutable_left());

@@ -60,7 +60,19 @@ absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
   if (!session.opened()) {
     return absl::FailedPreconditionError("call OpenSession before Load");
   }
-  std::map<int, std::vector<Delivery>> planned;
+  // Two passes, so that the plan holds what the budget charged and no more
+  // (restore/load_plan_budget.h): the first checks every item and counts
+  // (and reserves) its runs without making any, the second makes them into
+  // lists reserved to their exact length, so no list grows by doubling.
+  struct Accepted {
+    const v1::TensorItem* item;
+    const std::vector<int>* chunks;
+    uint64_t remote;
+    uint64_t element_bytes;
+    uint64_t runs;
+  };
+  std::vector<Accepted> accepted;
+  std::map<int, uint64_t> runs_per_chunk;
   std::set<std::string> seen;
   for (const v1::TensorItem& item : request.tensors()) {
     RETURN_IF_ERROR(ValidateTensorItem(item));
@@ -104,20 +116,18 @@ absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
       continue;
     }
     ASSIGN_OR_RETURN(uint64_t element_bytes, DTypeSize(item.dtype()));
-    std::vector<std::pair<uint64_t, uint64_t>> filled;  // [dst, dst + length)
+    uint64_t item_runs = 0;
     for (int t : chunks->second) {
       const v1::StoredTensor& c = index.tensors(t);
-      RETURN_IF_ERROR(plan->Add(CountCopyRuns(BoxOf(c.offsets(), c.local_shape()), want),
-                                item.fqn()));
-      for (const CopyRun& run :
-           IntersectBoxes(BoxOf(c.offsets(), c.local_shape()), want, element_bytes)) {
-        planned[t].push_back(
-            {run.src, run.src + run.length, session.memory(), *remote + run.dst});
-        if (run.length > 0) filled.emplace_back(run.dst, run.dst + run.length);
-      }
+      const uint64_t runs = CountCopyRuns(BoxOf(c.offsets(), c.local_shape()), want);
+      // Once reserved, the sums below cannot wrap: the budget holds them.
+      RETURN_IF_ERROR(plan->Add(runs, item.fqn()));
+      // A chunk that does not overlap gets no list: the reader refuses an
+      // item with no deliveries.
+      if (runs > 0) runs_per_chunk[t] += runs;
+      item_runs += runs;
     }
-    RETURN_IF_ERROR(CheckFilledOnce(std::move(filled), item.memory().length(), item.fqn(),
-                                    index));
+    accepted.push_back({&item, &chunks->second, *remote, element_bytes, item_runs});
   }
   response->set_checkpoint(index.checkpoint());
   for (const std::string& fqn : request.byte_items()) {
@@ -133,12 +143,54 @@ absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
     out->set_fqn(fqn);
     out->set_data((*found)->data());
   }
-  for (auto& [t, list] : planned) {
-    auto& into = (*deliveries)[t];
-    into.insert(into.end(), list.begin(), list.end());
+  std::map<int, std::vector<Delivery>> planned;
+  for (const auto& [t, runs] : runs_per_chunk) planned[t].reserve(runs);
+  for (const Accepted& a : accepted) {
+    const Box want = BoxOf(a.item->offsets(), a.item->local_shape());
+    // The tiling check's ranges live only while this item is checked; the
+    // budget's second slot per run covers them.
+    std::vector<std::pair<uint64_t, uint64_t>> filled;  // [dst, dst + length)
+    filled.reserve(a.runs);
+    for (int t : *a.chunks) {
+      auto list = planned.find(t);
+      if (list == planned.end()) continue;  // no overlap with any item
+      const v1::StoredTensor& c = index.tensors(t);
+      ForEachCopyRun(BoxOf(c.offsets(), c.local_shape()), want, a.element_bytes,
+                     [&](const CopyRun& run) {
+                       list->second.push_back({run.src, run.src + run.length, session.memory(),
+                                       a.remote + run.dst});
+                       if (run.length > 0) filled.emplace_back(run.dst, run.dst + run.length);
+                     });
+    }
+    RETURN_IF_ERROR(CheckFilledOnce(std::move(filled), a.item->memory().length(),
+                                    a.item->fqn(), index));
   }
+  // Handed over whole: a copy would hold the plan twice.
+  *deliveries = std::move(planned);
   return absl::OkStatus();
 }
 
+std::map<int, std::vector<Delivery>> MergeLoadPlans(
+    std::vector<std::map<int, std::vector<Delivery>>>* plans) {
+  std::map<int, uint64_t> total;
+  for (const auto& plan : *plans) {
+    for (const auto& [t, list] : plan) total[t] += list.size();
+  }
+  std::map<int, std::vector<Delivery>> merged;
+  for (auto& plan : *plans) {
+    for (auto& [t, list] : plan) {
+      std::vector<Delivery>& into = merged[t];
+      if (into.empty() && list.size() == total[t]) {
+        into = std::move(list);  // the chunk's only reader: no copy at all
+        continue;
+      }
+      if (into.capacity() == 0) into.reserve(total[t]);
+      into.insert(into.end(), list.begin(), list.end());
+      // Freed at once, so a run is held at most twice, only while copied.
+      std::vector<Delivery>().swap(list);
+    }
+  }
+  return merged;
+}
 
 }  // namespace ckpt

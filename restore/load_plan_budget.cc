@@ -7,7 +7,10 @@
 
 namespace ckpt {
 
-const uint64_t LoadPlanBudget::kBytesPerRun = sizeof(Delivery);
+// The plan's Delivery, and room for the one transient copy of a run: a
+// merged Delivery, or the tiling check's range, which is smaller.
+static_assert(sizeof(std::pair<uint64_t, uint64_t>) <= sizeof(Delivery));
+const uint64_t LoadPlanBudget::kBytesPerRun = 2 * sizeof(Delivery);
 
 std::shared_ptr<LoadPlanBudget> LoadPlanBudget::Create(uint64_t max_bytes) {
   return std::shared_ptr<LoadPlanBudget>(new LoadPlanBudget(max_bytes));

@@ -111,8 +111,10 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   std::map<std::string, std::vector<int>> by_fqn;
   for (int t = 0; t < index.tensors_size(); ++t) by_fqn[index.tensors(t).fqn()].push_back(t);
 
-  // Merge every request's deliveries by stored chunk: one read each.
-  std::map<int, std::vector<Delivery>> deliveries;
+  // Every request planned first, then merged by stored chunk (one read
+  // each) by moving the plans, not copying them (MergeLoadPlans): the
+  // budget charges what the plans hold at this peak.
+  std::vector<std::map<int, std::vector<Delivery>>> plans(run->entries.size());
   std::map<int, std::set<size_t>> chunk_users;
   for (size_t i = 0; i < run->entries.size(); ++i) {
     auto& e = run->entries[i];
@@ -126,24 +128,23 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
           e.session->job(), "'"));
       continue;
     }
-    std::map<int, std::vector<Delivery>> mine;
     // A request that fails gives its reservation back at once.
     LoadPlanBudget::Reservation plan = plan_budget->Open();
-    e.status =
-        PlanLoadRequest(*e.session, e.request, index, by_fqn, &plan, &mine, &e.response);
+    e.status = PlanLoadRequest(*e.session, e.request, index, by_fqn, &plan, &plans[i],
+                               &e.response);
     if (!e.status.ok()) continue;
     e.plan = std::move(plan);
-    for (auto& [t, list] : mine) {
+    for (auto& [t, list] : plans[i]) {
       for (Delivery& d : list) {
         std::unique_ptr<GatedMemory>& gated = e.gated[d.destination];
         if (gated == nullptr) gated = std::make_unique<GatedMemory>(d.destination, e.gate.get());
         d.destination = gated.get();
       }
-      auto& into = deliveries[t];
-      into.insert(into.end(), list.begin(), list.end());
       chunk_users[t].insert(i);
     }
   }
+  std::map<int, std::vector<Delivery>> deliveries = MergeLoadPlans(&plans);
+  plans.clear();
   if (!deliveries.empty()) {
     auto dir = store->OpenCheckpoint(index.job(), index.checkpoint());
     if (!dir.ok()) {

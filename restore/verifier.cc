@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/damage_list.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
@@ -45,6 +46,8 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
   v1::VerifyResponse response;
   response.set_checkpoint(index.checkpoint());
   response.set_files(index.files_size());
+  // Bounded, so that the reply fits a message (common/damage_list.h).
+  DamageList damage;
   std::map<uint32_t, std::vector<const v1::StoredTensor*>> by_file;
   for (const v1::StoredTensor& t : index.tensors()) by_file[t.file_index()].push_back(&t);
   Discard discard;
@@ -55,26 +58,26 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
     // lstat: a symlink planted as a data file is damage, not followed.
     const absl::StatusOr<struct stat> stat = dir.Stat(file.name());
     if (!stat.ok()) {
-      response.add_damage(absl::IsNotFound(stat.status())
-                              ? absl::StrCat(path, ": missing")
-                              : std::string(stat.status().message()));
+      damage.Add(absl::IsNotFound(stat.status())
+                     ? absl::StrCat(path, ": missing")
+                     : std::string(stat.status().message()));
       continue;
     }
     const struct stat& st = *stat;
     if (!S_ISREG(st.st_mode)) {
-      response.add_damage(absl::StrCat(path, ": not a regular file (a symlink?)"));
+      damage.Add(absl::StrCat(path, ": not a regular file (a symlink?)"));
       continue;
     }
     if (static_cast<uint64_t>(st.st_size) != file.size()) {
-      response.add_damage(absl::StrCat(path, ": size ", st.st_size, " but the manifest says ",
-                                       file.size()));
+      damage.Add(absl::StrCat(path, ": size ", st.st_size, " but the manifest says ",
+                              file.size()));
     }
     auto& tensors = by_file[f];
     // The header is rebuilt from the manifest and must match the file's
     // first bytes (format/data_file_header.h); it is compared on the read of
     // the first item, which passes it anyway.
     absl::StatusOr<std::string> header = ExpectedDataFileHeader(file, tensors);
-    if (!header.ok()) response.add_damage(std::string(header.status().message()));
+    if (!header.ok()) damage.Add(std::string(header.status().message()));
     std::sort(tensors.begin(), tensors.end(), [](const auto* a, const auto* b) {
       return a->file_offset() < b->file_offset();
     });
@@ -99,16 +102,17 @@ absl::StatusOr<v1::VerifyResponse> Verify(const CheckpointStore& store,
       if (result.ok()) {
         response.set_bytes_verified(response.bytes_verified() + t->length());
       } else {
-        response.add_damage(std::string(result.status().message()));
+        damage.Add(std::string(result.status().message()));
       }
     }
   }
   for (const v1::StoredBytes& b : index.byte_items()) {
     if (XXH3_64bits(b.data().data(), b.data().size()) != b.xxh3()) {
-      response.add_damage(absl::StrCat("byte item ", b.fqn(), " of rank ", b.rank(),
-                                       ": checksum mismatch"));
+      damage.Add(absl::StrCat("byte item ", b.fqn(), " of rank ", b.rank(),
+                              ": checksum mismatch"));
     }
   }
+  for (std::string& line : damage.Lines()) response.add_damage(std::move(line));
   return response;
 }
 

@@ -5,7 +5,9 @@
 // whole through ShardReader, which re-hashes every checksum block; byte
 // items are re-hashed too. Problems are collected (one line each, naming
 // file, item and byte range), not stopped at, so one run reports all the
-// damage.
+// damage: the first kMaxListedDamage problems by line, the rest counted in a
+// last line, so that the reply of a badly damaged checkpoint still fits a
+// message (common/damage_list.h).
 //
 // The checkpoint is leased (CheckpointLeases) from before its COMMIT is read
 // until the last byte is checked, so retention cannot delete it under the

@@ -85,8 +85,10 @@ class Recovery {
 
   // Removes this node's temporaries among `entries` of `dir` (`where`: its
   // path under the root, "" for the root) and drops them from `entries`.
-  void RemoveTemporaries(const StorageDir& dir, absl::string_view where,
+  // Returns whether one it removed was of the marker.
+  bool RemoveTemporaries(const StorageDir& dir, absl::string_view where,
                          std::vector<StorageDir::Entry>& entries) {
+    bool marker_temporary_removed = false;
     std::vector<StorageDir::Entry> kept;
     for (StorageDir::Entry& e : entries) {
       const std::optional<TemporaryName> temp = ParseTemporaryName(e.name);
@@ -100,11 +102,13 @@ class Recovery {
       if (removed.ok()) {
         LogInfo("startup recovery: removed temporary ", path);
         result.temporaries_removed.push_back(path);
+        if (temp->target == kMarkerFileName) marker_temporary_removed = true;
       } else {
         Record(removed, path);
       }
     }
     entries = std::move(kept);
+    return marker_temporary_removed;
   }
 
   absl::Status RecoverJob(const std::string& job) {
@@ -116,17 +120,20 @@ class Recovery {
     for (const StorageDir::Entry& e : entries) {
       if (!e.is_dir || !ValidateStorageName(e.name, "checkpoint").ok()) continue;
       const std::string key = absl::StrCat(job, "/", e.name);
-      Record(RecoverCheckpoint(job, e.name, key), key);
+      Record(RecoverCheckpoint(dir, job, e.name, key), key);
     }
     return RepairLatest(job);
   }
 
-  absl::Status RecoverCheckpoint(const std::string& job,
+  absl::Status RecoverCheckpoint(const StorageDir& job_dir,
+                                 const std::string& job,
                                  const std::string& name,
                                  const std::string& key) {
     ASSIGN_OR_RETURN(StorageDir dir, store_.OpenCheckpoint(job, name));
     ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
-    RemoveTemporaries(dir, key, entries);
+    if (RemoveTemporaries(dir, key, entries) && entries.empty()) {
+      return RemoveEmptyDirectory(job_dir, dir, name, key);
+    }
     bool committed = false, marked = false;
     std::set<uint32_t> manifests;
     std::vector<std::string> data_files;
@@ -153,6 +160,34 @@ class Recovery {
       return absl::OkStatus();
     }
     return RemoveNodePart(job, name, key, manifests, data_files);
+  }
+
+  // A save makes the checkpoint directory, then writes the marker durably
+  // (temporary, rename) before anything else, so a crash before the rename
+  // leaves a directory that holds only the marker's temporary: unmarked,
+  // hence out of reach of gc and retention. Once recovery removed that
+  // temporary, this node's own, the directory is this node's leftover: it
+  // goes if it is empty. Another node's save may have made the same
+  // directory (multi-node), but that node writes its marker temporary before
+  // anything else too; rmdir fails on any entry, so nothing it wrote is
+  // deleted (at worst its marker write, racing this, fails the save, which
+  // a retry makes again). A directory without this node's marker temporary
+  // never reaches here.
+  absl::Status RemoveEmptyDirectory(const StorageDir& job_dir,
+                                    const StorageDir& dir,
+                                    const std::string& name,
+                                    const std::string& key) {
+    ASSIGN_OR_RETURN(const bool removed, job_dir.RemoveEmptySubdir(name, dir));
+    if (!removed) {
+      Leave(key,
+            "its marker's temporary was removed, but the directory is no "
+            "longer empty (another node writes into it): not removing it");
+      return absl::OkStatus();
+    }
+    LogInfo("startup recovery: removed empty checkpoint directory ", key,
+            " (its save died before the marker was in place)");
+    result.empty_directories_removed.push_back(key);
+    return absl::OkStatus();
   }
 
   // One node: an uncommitted checkpoint of this root is this daemon's and
@@ -286,7 +321,9 @@ std::string StartupRecovery::Summary() const {
       "startup recovery: removed ", temporaries_removed.size(),
       " temporaries, ", checkpoints_removed.size(),
       " uncommitted checkpoints and this node's part of ", parts_removed.size(),
-      " more; repaired LATEST of ", latest_repaired.size(), " jobs; left ",
+      " more; removed ", empty_directories_removed.size(),
+      " empty checkpoint directories; repaired LATEST of ",
+      latest_repaired.size(), " jobs; left ",
       left.size(), " uncommitted checkpoints; ", errors.size(), " errors");
 }
 

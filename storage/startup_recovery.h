@@ -26,7 +26,11 @@
 //       - several nodes, this node's manifest written: another node that
 //         finishes last may still commit it with these files, so nothing
 //         is touched (gc removes it once a newer checkpoint commits).
-//     A directory without ckptd's marker is never touched.
+//     A directory without ckptd's marker is never touched, with one
+//     exception that is still this node's: a crash while the marker was
+//     being written leaves the directory holding only the marker's
+//     temporary; once that temporary (this node's, as in 1.) is removed,
+//     the directory, if empty, is removed too (rmdir: never anything in it).
 //  3. LATEST behind: a crash between COMMIT and LATEST leaves LATEST naming
 //     an older checkpoint (or missing). It is moved to the newest committed
 //     checkpoint (committed_unix_micros, then name), forward only
@@ -63,6 +67,8 @@ struct StartupRecovery {
   std::vector<std::string> temporaries_removed;  // "job/step-2/COMMIT.tmp.…"
   std::vector<std::string> checkpoints_removed;  // "job/step-2", whole
   std::vector<std::string> parts_removed;  // "job/step-2": this node's files
+  // "job/step-2": left empty once its marker's temporary was removed.
+  std::vector<std::string> empty_directories_removed;
   std::vector<std::string> latest_repaired;  // "job: step-1 -> step-2"
   std::vector<std::string> left;    // "job/step-2: why it stays"
   std::vector<std::string> errors;  // what could not be done, and why

@@ -193,6 +193,30 @@ absl::Status StorageDir::RemoveTree(absl::string_view name,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> StorageDir::RemoveEmptySubdir(
+    absl::string_view name, const StorageDir& expected) const {
+  const std::string n(name);
+  struct stat held, named;
+  if (::fstat(expected.fd(), &held) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("stat ", expected.path()));
+  }
+  if (::fstatat(fd_.get(), n.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return false;
+    return ErrnoToStatus(errno, absl::StrCat("stat ", PathOf(name)));
+  }
+  if (!S_ISDIR(named.st_mode) || named.st_dev != held.st_dev ||
+      named.st_ino != held.st_ino) {
+    return false;
+  }
+  if (::unlinkat(fd_.get(), n.c_str(), AT_REMOVEDIR) != 0) {
+    // Someone wrote into it (or removed it) since it was listed: theirs.
+    if (errno == ENOTEMPTY || errno == EEXIST || errno == ENOENT) return false;
+    return ErrnoToStatus(errno, absl::StrCat("rmdir ", PathOf(name)));
+  }
+  RETURN_IF_ERROR(Fsync());
+  return true;
+}
+
 absl::StatusOr<std::vector<StorageDir::Entry>> StorageDir::List() const {
   // fdopendir takes the descriptor it is given: a fresh one of the same
   // directory, so ours stays open and its position is not shared.

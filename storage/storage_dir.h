@@ -83,6 +83,16 @@ class StorageDir {
   absl::Status RemoveTree(absl::string_view name,
                           absl::string_view last = {}) const;
 
+  // Removes the subdirectory `name` if it is empty and is still the
+  // directory `expected` (held open): unlinkat(AT_REMOVEDIR) fails on a
+  // non-empty directory and on a symlink, so what another writer put there
+  // meanwhile is never deleted, and the device and inode checked first keep
+  // a directory someone swapped in under the name from being removed in its
+  // place. Then fsyncs this directory, so the removal survives a power loss.
+  // True if removed; false if it was not empty, was replaced or is gone.
+  absl::StatusOr<bool> RemoveEmptySubdir(absl::string_view name,
+                                         const StorageDir& expected) const;
+
   struct Entry {
     std::string name;
     bool is_dir = false;      // a real directory (not a link to one)

@@ -98,17 +98,14 @@ struct MatrixPoint {
   bool step2_committed = false;
   // Lines the last restart's log holds ("startup recovery: " cut).
   std::vector<std::string> recovery_log;
-  // step-2's directory stays, empty: only the marker's temporary was
-  // there, and recovery removes no directory without ckptd's marker.
-  bool empty_dir_left = false;
 };
 
 constexpr char kRemovedStep2[] = "removed uncommitted checkpoint job/step-2";
 constexpr char kLatestRepaired[] = "LATEST of job: step-1 -> step-2";
 constexpr char kNothingDone[] =
     "removed 0 temporaries, 0 uncommitted checkpoints and this node's part "
-    "of 0 more; repaired LATEST of 0 jobs; left 0 uncommitted checkpoints; 0 "
-    "errors";
+    "of 0 more; removed 0 empty checkpoint directories; repaired LATEST of 0 "
+    "jobs; left 0 uncommitted checkpoints; 0 errors";
 
 std::vector<MatrixPoint> ProgressPoints() {
   std::vector<MatrixPoint> points;
@@ -129,20 +126,20 @@ std::vector<MatrixPoint> ProtocolPoints() {
                                                "tmp_synced"};
   const std::vector<std::string> final_steps = {"renamed", "dir_synced"};
   auto add = [&](std::string crash_at, bool committed,
-                 std::vector<std::string> log, bool empty_dir_left = false) {
+                 std::vector<std::string> log) {
     MatrixPoint p;
     p.name = crash_at;
     p.crash_at = std::move(crash_at);
     p.step2_committed = committed;
     p.recovery_log = std::move(log);
-    p.empty_dir_left = empty_dir_left;
     points.push_back(std::move(p));
   };
-  // The marker, before any data file.
+  // The marker, before any data file: its temporary is all the directory
+  // holds, so both go.
   for (const std::string& step : temp_steps) {
     add(absl::StrCat(".ckptd-checkpoint.", step), false,
-        {"removed temporary job/step-2/.ckptd-checkpoint.tmp."},
-        /*empty_dir_left=*/true);
+        {"removed temporary job/step-2/.ckptd-checkpoint.tmp.",
+         "removed empty checkpoint directory job/step-2"});
   }
   for (const std::string& step : final_steps) {
     add(absl::StrCat(".ckptd-checkpoint.", step), false, {kRemovedStep2});
@@ -468,8 +465,8 @@ void RunPoint(const MatrixPoint& point) {
             : "absent",
         absl::IsNotFound(step2) ? "; load NotFound" : "");
   }
-  CHECK(uncommitted == (point.empty_dir_left ? std::vector<std::string>{"step-2"}
-                                             : std::vector<std::string>{}));
+  CHECK(uncommitted.empty());
+  if (!point.step2_committed) CHECK_FALSE(fs::exists(root + "/job/step-2"));
   CHECK(latest == newest);
   CHECK(ReadBytes(root + "/job/LATEST") == newest + "\n");
   std::string loaded;

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "format/manifest_file.h"
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
@@ -307,6 +308,34 @@ TEST_CASE("a byte flipped late in a checksum block fails restore, and nothing of
     INFO("tensor " << t);
     CHECK(s.rank.TensorBytes(t).find_first_not_of('\0') == std::string_view::npos);
   }
+  CHECK(s.Ctl({"status"}).exit_code == 0);
+}
+
+TEST_CASE(
+    "ckptctl verify of a checkpoint with thousands of damaged items prints "
+    "the first ones and the total, within a lowered message limit",
+    "[integration][hostile-storage]") {
+  // 1 MiB: one damaged item's line of the longest fqn is ~1 KiB, so the
+  // unbounded reply of 3,000 of them (~3 MB) would not fit.
+  Setup s({"--max_request_bytes", std::to_string(1 << 20)});
+  REQUIRE(s.Save(1).ok());
+  const std::string commit = s.Dir("job", "step-1") + "/COMMIT";
+  v1::CommitRecord record;
+  REQUIRE(ParseFramedMessage(kCommitMagic, ReadBytes(commit), commit, &record).ok());
+  constexpr int kDamaged = 3000;
+  for (int i = 0; i < kDamaged; ++i) {
+    v1::StoredBytes& b = *record.mutable_index()->add_byte_items();
+    b.set_fqn(absl::StrCat(std::string(1000, 'x'), ".", i));
+    b.set_data("bytes");
+    b.set_xxh3(1);  // not XXH3("bytes"): damaged
+  }
+  WriteBytes(commit, FrameMessage(kCommitMagic, record));
+
+  const ProcessResult verify = s.Ctl({"verify", "job", "step-1"});
+  CHECK(verify.exit_code == 3);
+  CHECK(absl::StrContains(verify.out, "checksum mismatch"));
+  CHECK(absl::StrContains(verify.out, absl::StrCat(": ", kDamaged, " in all")));
+  CHECK(absl::StrContains(verify.out, absl::StrCat(kDamaged, " problem(s)")));
   CHECK(s.Ctl({"status"}).exit_code == 0);
 }
 

@@ -8,6 +8,8 @@
 // no byte verified yet.
 #include "restore/verifier.h"
 
+#include <xxhash.h>
+
 #include <catch2/catch.hpp>
 #include <memory>
 #include <optional>
@@ -16,9 +18,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/damage_list.h"
+#include "common/names.h"
 #include "io/io_queue.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
@@ -26,6 +31,7 @@
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/retention.h"
+#include "support/committed_checkpoint.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -209,6 +215,80 @@ TEST_CASE(
     CHECK(absl::IsNotFound(verified->status()));
   }
   leases.Deleted(SaveHarness::kJob, "step-1");
+}
+
+// A committed checkpoint of `items` byte items (fqn `prefix` + index), the
+// first `damaged` of them with a wrong checksum: damage without data files.
+void CommitByteItems(const CheckpointStore& store, const std::string& name,
+                     const std::string& prefix, int items, int damaged) {
+  v1::CommitRecord record =
+      ::ckpt::testing::OneNodeCommitRecord("job", name, 1'000'000);
+  for (int i = 0; i < items; ++i) {
+    v1::StoredBytes& b = *record.mutable_index()->add_byte_items();
+    b.set_fqn(absl::StrCat(prefix, i));
+    b.set_data(absl::StrCat("bytes of ", i));
+    b.set_xxh3(XXH3_64bits(b.data().data(), b.data().size()) + (i < damaged ? 1 : 0));
+  }
+  REQUIRE(store.PrepareForSave("job", name, 0).ok());
+  const absl::Status written = store.WriteCommit(record);
+  INFO(written);
+  REQUIRE(written.ok());
+}
+
+absl::StatusOr<v1::VerifyResponse> VerifyNow(const CheckpointStore& store,
+                                             const std::string& name) {
+  CheckpointLeases leases;
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool =
+      StagingPool::Create(8 * kBufferBytes, kBufferBytes);
+  REQUIRE(pool.ok());
+  VerifyResult result;
+  IoWorkers workers(1, 8, **pool);
+  VerifyCheckpoint(&store, pool->get(), &workers, &leases, "job", name,
+                   [&result](absl::StatusOr<v1::VerifyResponse> r) {
+                     result.Set(std::move(r));
+                   });
+  std::optional<absl::StatusOr<v1::VerifyResponse>> verified = result.Wait();
+  REQUIRE(verified.has_value());
+  return *std::move(verified);
+}
+
+TEST_CASE(
+    "a verify that finds thousands of damaged items lists the first ones and "
+    "states the total in a reply of bounded size",
+    "[verifier][damage]") {
+  TempDir root;
+  CheckpointStore store(root.path());
+  REQUIRE(store.status().ok());
+  // Short lines: the count bounds the list.
+  CommitByteItems(store, "many", "item.", 5000, 4800);
+  // Long fqns (the longest valid): the bytes bound it first.
+  CommitByteItems(store, "long", std::string(kMaxFqnLength - 8, 'x'), 1200, 1200);
+  // Damage up to the bound: listed whole, no summary line.
+  CommitByteItems(store, "bound", "item.", kMaxListedDamage + 10, kMaxListedDamage);
+  CommitByteItems(store, "clean", "item.", 3000, 0);
+
+  for (const auto& [name, damaged] :
+       std::vector<std::pair<std::string, uint64_t>>{
+           {"many", 4800}, {"long", 1200}, {"bound", kMaxListedDamage}, {"clean", 0}}) {
+    INFO(name);
+    const absl::StatusOr<v1::VerifyResponse> response = VerifyNow(store, name);
+    INFO(response.status());
+    REQUIRE(response.ok());
+    // The verdict is exact, and so is the total.
+    CHECK(response->damage().empty() == (damaged == 0));
+    CHECK(DamageTotal(response->damage()) == damaged);
+    CHECK(response->damage_size() <= static_cast<int>(kMaxListedDamage) + 1);
+    CHECK(response->ByteSizeLong() <= kMaxListedDamageBytes + kMaxDamageLineBytes);
+    if (damaged > kMaxListedDamage || name == "long") {
+      const int listed = response->damage_size() - 1;
+      CHECK(response->damage(listed) ==
+            absl::StrCat("and ", damaged - listed,
+                         " more problems not listed: ", damaged, " in all"));
+      CHECK_THAT(response->damage(0), Catch::Contains("checksum mismatch"));
+    } else {
+      CHECK(response->damage_size() == static_cast<int>(damaged));
+    }
+  }
 }
 
 }  // namespace

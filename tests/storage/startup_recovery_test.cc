@@ -290,5 +290,55 @@ TEST_CASE(
   CHECK_THAT(r.left[0], Catch::StartsWith("job/shared: holds the manifests of nodes [1]"));
 }
 
+TEST_CASE(
+    "startup recovery removes a checkpoint directory that holds only this "
+    "node's marker temporary, and keeps every directory holding anything "
+    "else or another node's marker temporary",
+    "[startup_recovery][hostile]") {
+  Fixture f;
+  const std::string marker = std::string(kMarkerFileName);
+  // What a crash while the marker was being written leaves: the directory
+  // and the marker's temporary, nothing else.
+  fs::create_directories(f.Path("job/crashed"));
+  WriteBytes(f.Path("job/crashed/" + Temp(marker, kOtherTag)), "partial");
+  // Not only ckptd's: a user's file beside the temporary, and an empty
+  // directory ckptd left no temporary in.
+  fs::create_directories(f.Path("job/shared"));
+  WriteBytes(f.Path("job/shared/" + Temp(marker, kOtherTag)), "partial");
+  WriteBytes(f.Path("job/shared/notes"), "user's");
+  fs::create_directories(f.Path("job/empty"));
+
+  const StartupRecovery r = f.Recover(0, 1);
+
+  CHECK(r.empty_directories_removed == std::vector<std::string>{"job/crashed"});
+  CHECK_FALSE(f.Exists("job/crashed"));
+  CHECK_FALSE(f.Exists("job/shared/" + Temp(marker, kOtherTag)));
+  CHECK(ReadBytes(f.Path("job/shared/notes")) == "user's");
+  CHECK(f.Exists("job/empty"));
+  CHECK(r.checkpoints_removed.empty());
+  CHECK_THAT(r.Summary(), Catch::Contains("removed 1 empty checkpoint directories"));
+  // The step-2 of a retried save saves into a fresh directory.
+  CHECK(f.store.PrepareForSave("job", "crashed", 0).ok());
+}
+
+TEST_CASE(
+    "startup recovery on a node of several removes an empty checkpoint "
+    "directory only after removing its own marker temporary there",
+    "[startup_recovery][multi-node]") {
+  Fixture f;
+  const std::string marker = std::string(kMarkerFileName);
+  fs::create_directories(f.Path("job/mine"));
+  WriteBytes(f.Path("job/mine/" + Temp(marker, kEarlierTag)), "partial");
+  // Another node's marker write, perhaps about to be renamed.
+  fs::create_directories(f.Path("job/theirs"));
+  WriteBytes(f.Path("job/theirs/" + Temp(marker, kOtherTag)), "partial");
+
+  const StartupRecovery r = f.Recover(1, 2, {kEarlierTag});
+
+  CHECK(r.empty_directories_removed == std::vector<std::string>{"job/mine"});
+  CHECK_FALSE(f.Exists("job/mine"));
+  CHECK(f.Exists("job/theirs/" + Temp(marker, kOtherTag)));
+}
+
 }  // namespace
 }  // namespace ckpt
