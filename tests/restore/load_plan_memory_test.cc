@@ -19,6 +19,7 @@
 #include "format/manifest_check.h"
 #include "restore/load_plan.h"
 #include "restore/load_plan_budget.h"
+#include "support/column_manifest.h"
 #include "support/own_process_session.h"
 
 namespace {
@@ -86,57 +87,10 @@ namespace {
 // item keys, the response; independent of the number of runs.
 constexpr int64_t kPerRequestBytes = 16 << 10;
 
-// "m", U8 [rows, 2], stored as one chunk; the request asks for column 1 of
-// every row: one run per row.
-struct ColumnLoad {
-  v1::Manifest index;
-  v1::LoadRequest request;
-  std::map<std::string, std::vector<int>> by_fqn;
-};
-
-ColumnLoad ColumnOf(Session& session, uint64_t rows, uint8_t* memory) {
-  ColumnLoad load;
-  v1::Manifest& m = load.index;
-  m.set_format_version(1);
-  m.set_job("job");
-  m.set_checkpoint("step-1");
-  m.set_nodes(1);
-  m.set_world_size(1);
-  m.set_checksum_block_bytes(1 << 20);
-  m.add_replica_sets()->add_ranks(0);
-  v1::DataFile* f = m.add_files();
-  f->set_name("shard-00001-model-00001-of-00001.safetensors");
-  f->set_data_start(4096);
-  f->set_size(4096 + 2 * rows);
-  v1::StoredTensor* t = m.add_tensors();
-  t->set_fqn("m");
-  t->set_dtype(v1::DTYPE_U8);
-  t->add_global_shape(rows);
-  t->add_global_shape(2);
-  t->add_offsets(0);
-  t->add_offsets(0);
-  t->add_local_shape(rows);
-  t->add_local_shape(2);
-  t->set_file_offset(4096);
-  t->set_length(2 * rows);
-  for (uint64_t b = 0; b < (2 * rows + (1 << 20) - 1) >> 20; ++b) t->add_block_xxh3(0);
-  REQUIRE(ValidateManifest(m, "COMMIT").ok());
-  load.by_fqn["m"].push_back(0);
-  const uint64_t region = testing::RegisterHostRegion(session, memory, rows);
-  load.request.set_job("job");
-  load.request.set_checkpoint("step-1");
-  v1::TensorItem* item = load.request.add_tensors();
-  item->set_fqn("m");
-  item->set_dtype(v1::DTYPE_U8);
-  item->add_global_shape(rows);
-  item->add_global_shape(2);
-  item->add_offsets(0);
-  item->add_offsets(1);
-  item->add_local_shape(rows);
-  item->add_local_shape(1);
-  item->mutable_memory()->set_region_id(region);
-  item->mutable_memory()->set_length(rows);
-  return load;
+// Column 1 of every row of "m" (tests/support/column_manifest.h): one run
+// per row.
+testing::ColumnSliceLoad ColumnOf(Session& session, uint64_t rows, uint8_t* memory) {
+  return testing::ColumnSlice(session, rows, 1, 1, memory);
 }
 
 TEST_CASE("Planning a load holds at its peak no more heap than it reserved from the "
@@ -145,7 +99,7 @@ TEST_CASE("Planning a load holds at its peak no more heap than it reserved from 
   constexpr uint64_t kRows = 4096;
   std::shared_ptr<Session> session = testing::OpenOwnProcessSession({.session_id = 11});
   static uint8_t memory[kRows];
-  const ColumnLoad load = ColumnOf(*session, kRows, memory);
+  const testing::ColumnSliceLoad load = ColumnOf(*session, kRows, memory);
   std::shared_ptr<LoadPlanBudget> budget = LoadPlanBudget::Create(1ull << 30);
   LoadPlanBudget::Reservation plan = budget->Open();
   std::map<int, std::vector<Delivery>> deliveries;
