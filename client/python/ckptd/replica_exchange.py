@@ -31,15 +31,15 @@ caught before any byte is written, so the previous checkpoint stays LATEST.
 The bytes of replicated tensors above `check_bytes` and of HSDP-replicated
 DTensor shards are not compared: the daemon reads one replica only.
 
-The exchange runs on a gloo group of its own over the given group's ranks
-(created by open(), on the first save's call, which every rank makes; not
-when the checkpointer is made, since a load, which may run on some ranks
-alone, makes one too): the checkpointer runs it on its
-submit thread, after the save call has returned, while the training loop
-issues its own collectives on its own groups; two threads issuing
-collectives on one group could interleave them differently on different
-ranks. Gloo on CPU whatever the training's backend: the exchange moves a
-few bytes, and needs no device.
+The exchange runs on a gloo group of its own over the given group's ranks,
+created by open() on the first save's call, which every rank makes (not
+when the checkpointer is made: a load, which may run on some ranks alone,
+makes one too). The checkpointer runs the exchange on its submit thread,
+after the save call has returned, while the training loop issues its own
+collectives on its own groups; two threads issuing collectives on one
+group could interleave them differently on different ranks. Gloo on CPU
+whatever the training's backend: the exchange moves a few bytes and needs
+no device.
 
 Thread-safety: open() on the thread that makes the group's other
 collectives (group creation is one); exchange() one call at a time (the

@@ -51,12 +51,6 @@ class AsyncSaveResponse:
         self._lock = threading.Lock()
         self._cancel_requested = False
 
-    @classmethod
-    def failed(cls, checkpoint_id: str, error: BaseException) -> "AsyncSaveResponse":
-        response = cls(checkpoint_id)
-        response._fail(error)
-        return response
-
     def _fail(self, error: BaseException) -> None:
         self._keep_alive = None
         for future in (self.staging_completion, self.upload_completion):
