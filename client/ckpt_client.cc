@@ -183,6 +183,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   request.set_job(options.job);
   request.set_node(options.node);
   request.set_local_world_size(options.local_world_size);
+  if (options.local_rank.has_value()) request.set_local_rank(*options.local_rank);
   v1::OpenSessionResponse response;
   RETURN_IF_ERROR(Unary(client->stub_.get(), canceller, "OpenSession",
                         &v1::Ckptd::StubInterface::OpenSession,

@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +68,10 @@ struct ConnectOptions {
   uint32_t world_size = 1;
   uint32_t node = 0;              // the daemon's --node_id
   uint32_t local_world_size = 0;  // ranks on this node; 0: all (one node)
+  // This process's index among them (torchrun's LOCAL_RANK), if known: a
+  // save that times out waiting for ranks then names the ones that never
+  // connected by it.
+  std::optional<uint32_t> local_rank = std::nullopt;
   // The GPU seam for CUDA regions (borrowed; outlives the client). Null:
   // the CUDA runtime's when libckpt was built with CUDA.
   TrainerGpu* gpu = nullptr;

@@ -286,6 +286,7 @@ grpc::ServerUnaryReactor* CkptdService::OpenSession(
         absl::Status status =
             session->Open(*request, c_.options->node_id, c_.options->nodes);
         if (status.ok()) {
+          c_.saves->OnSessionOpened(session);
           response->set_session_id(session->id());
           response->set_daemon_pid(static_cast<uint32_t>(::getpid()));
           response->set_staging_pool_bytes(c_.pool->pool_bytes());

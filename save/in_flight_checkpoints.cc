@@ -40,40 +40,81 @@ std::string RankRuns(const std::vector<uint32_t>& ranks) {
 }  // namespace
 
 std::string MissingLocalRanks(uint32_t world_size, uint32_t local_ranks,
-                              uint32_t node_id,
-                              const std::vector<uint32_t>& submitted) {
-  const uint64_t missing =
-      local_ranks - std::min<uint64_t>(submitted.size(), local_ranks);
-  // The global ranks this node runs: all of them when the whole job is
-  // here, else torchrun's block for this node if the ranks that submitted
-  // fit it (they are certainly this node's: a session names its node).
-  const uint64_t first =
-      local_ranks == world_size ? 0 : uint64_t{node_id} * local_ranks;
-  const uint64_t end = first + local_ranks;
-  const bool block_fits =
-      end <= world_size &&
-      std::all_of(submitted.begin(), submitted.end(),
-                  [&](uint32_t r) { return r >= first && r < end; });
-  if (!block_fits) {
-    return absl::StrCat(
-        missing, missing == 1 ? " rank" : " ranks",
-        " this node cannot name (the ranks that submitted are not node ",
-        node_id, "'s block ", first, "-", end - 1, " of torchrun's numbering)");
+                              uint32_t node_id, std::vector<RankSeen> seen) {
+  // One entry per rank, a submitted one first (a rank may also have a
+  // second session open).
+  std::sort(seen.begin(), seen.end(), [](const RankSeen& a, const RankSeen& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.submitted > b.submitted;
+  });
+  seen.erase(std::unique(seen.begin(), seen.end(),
+                         [](const RankSeen& a, const RankSeen& b) {
+                           return a.rank == b.rank;
+                         }),
+             seen.end());
+  std::vector<uint32_t> connected;  // ascending
+  for (const RankSeen& r : seen) {
+    if (!r.submitted) connected.push_back(r.rank);
   }
-  std::vector<uint32_t> names;
-  for (uint64_t r = first; r < end; ++r) {
-    if (!std::binary_search(submitted.begin(), submitted.end(),
-                            static_cast<uint32_t>(r))) {
-      names.push_back(static_cast<uint32_t>(r));
+  const uint64_t never =
+      local_ranks - std::min<uint64_t>(seen.size(), local_ranks);
+  std::vector<std::string> pieces;
+  if (never > 0) {
+    const bool all_local =
+        !seen.empty() && std::all_of(seen.begin(), seen.end(), [](const RankSeen& r) {
+          return r.local_rank.has_value();
+        });
+    // The global ranks this node runs: all of them when the whole job is
+    // here, else torchrun's block for this node if the ranks seen fit it
+    // (they are certainly this node's: a session names its node).
+    const uint64_t first =
+        local_ranks == world_size ? 0 : uint64_t{node_id} * local_ranks;
+    const uint64_t end = first + local_ranks;
+    const bool block_fits =
+        end <= world_size &&
+        std::all_of(seen.begin(), seen.end(), [&](const RankSeen& r) {
+          return r.rank >= first && r.rank < end;
+        });
+    const std::string block =
+        local_ranks == world_size
+            ? ""
+            : absl::StrCat("; node ", node_id, "'s block ", first, "-", end - 1,
+                           " in torchrun's numbering");
+    std::vector<uint32_t> names;
+    if (all_local) {
+      std::vector<bool> present(local_ranks, false);
+      for (const RankSeen& r : seen) {
+        if (*r.local_rank < local_ranks) present[*r.local_rank] = true;
+      }
+      for (uint32_t l = 0; l < local_ranks; ++l) {
+        if (!present[l]) names.push_back(l);
+      }
+      pieces.push_back(absl::StrCat(names.size() == 1 ? "local rank " : "local ranks ",
+                                    RankRuns(names), " of node ", node_id,
+                                    " (never connected)"));
+    } else if (block_fits) {
+      for (uint64_t r = first; r < end; ++r) {
+        const auto at = std::lower_bound(
+            seen.begin(), seen.end(), r,
+            [](const RankSeen& s, uint64_t rank) { return s.rank < rank; });
+        if (at == seen.end() || at->rank != r) names.push_back(static_cast<uint32_t>(r));
+      }
+      pieces.push_back(absl::StrCat(names.size() == 1 ? "rank " : "ranks ",
+                                    RankRuns(names), " (never connected", block,
+                                    ")"));
+    } else {
+      pieces.push_back(absl::StrCat(
+          never, never == 1 ? " rank" : " ranks",
+          " this node cannot name (never connected; the ranks seen are not "
+          "node ",
+          node_id, "'s block ", first, "-", end - 1,
+          " of torchrun's numbering, and not every rank gave its local rank)"));
     }
   }
-  std::string text =
-      absl::StrCat(names.size() == 1 ? "rank " : "ranks ", RankRuns(names));
-  if (local_ranks != world_size) {
-    absl::StrAppend(&text, " (node ", node_id, "'s block ", first, "-",
-                    end - 1, " in torchrun's numbering)");
+  if (!connected.empty()) {
+    pieces.push_back(absl::StrCat(connected.size() == 1 ? "rank " : "ranks ",
+                                  RankRuns(connected), " (connected)"));
   }
-  return text;
+  return absl::StrJoin(pieces, " and ");
 }
 
 uint64_t InFlightCheckpoints::commits_retired() const {
@@ -144,6 +185,7 @@ absl::StatusOr<std::shared_ptr<SavePart>> InFlightCheckpoints::Add(
   part->id = next_save_id_++;
   part->rank = session.rank();
   part->session_id = session.id();
+  part->local_rank = session.local_rank();
   part->session = std::move(request.session);
   part->checkpoint = entry.checkpoint;
   part->tensors = std::move(request.tensors);
@@ -277,7 +319,7 @@ std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Fail(
 InFlightCheckpoints::RanksCheck InFlightCheckpoints::ExpireMissingRanks(
     const CheckpointAttempt& checkpoint,
     std::chrono::steady_clock::duration timeout, uint32_t node_id,
-    ListenerCalls* out) {
+    const std::vector<RankSeen>& connected, ListenerCalls* out) {
   RanksCheck result;
   absl::MutexLock lock(&mu_);
   auto it = FindLocked(checkpoint);
@@ -292,13 +334,20 @@ InFlightCheckpoints::RanksCheck InFlightCheckpoints::ExpireMissingRanks(
     return result;
   }
   std::vector<uint32_t> submitted;  // ascending: `parts` is by rank
+  std::vector<RankSeen> seen;
   DaemonMetrics::Get().CountError(absl::StatusCode::kDeadlineExceeded);
-  for (const auto& [rank, part] : entry.parts) submitted.push_back(rank);
+  for (const auto& [rank, part] : entry.parts) {
+    submitted.push_back(rank);
+    seen.push_back({.rank = rank, .local_rank = part->local_rank, .submitted = true});
+  }
+  for (const RankSeen& r : connected) {
+    seen.push_back({.rank = r.rank, .local_rank = r.local_rank, .submitted = false});
+  }
   EndLocked(
       entry, v1::PHASE_FAILED,
       absl::StrCat(
           MissingLocalRanks(checkpoint.world_size, checkpoint.local_ranks,
-                            node_id, submitted),
+                            node_id, std::move(seen)),
           " did not submit within ",
           std::chrono::duration_cast<std::chrono::milliseconds>(timeout)
               .count(),

@@ -50,15 +50,24 @@
 
 namespace ckpt {
 
+// A rank of the job that this node knows of: one that submitted its part,
+// or one whose session is open here.
+struct RankSeen {
+  uint32_t rank = 0;
+  std::optional<uint32_t> local_rank = std::nullopt;  // if its session said
+  bool submitted = false;
+};
+
 // The local ranks of an attempt that have not submitted, for its failure
-// reason. The daemon learns a rank's number only from its session, so a
-// rank that never connected is known only by count; it is named when the
-// numbering leaves no doubt (all of the job's ranks run on this node) or
-// follows torchrun's (node n runs ranks n*local .. n*local+local-1, and
-// every rank that did submit is one of them). `submitted` is sorted.
+// reason: those connected (named by rank) and those that never connected.
+// The daemon learns a rank's number only from its session, so a rank that
+// never connected is named by local rank when every rank seen gave its
+// own, else by global rank when the numbering leaves no doubt (all of the
+// job's ranks run on this node) or follows torchrun's (node n runs ranks
+// n*local .. n*local+local-1, and every rank seen is one of them), else
+// only counted.
 std::string MissingLocalRanks(uint32_t world_size, uint32_t local_ranks,
-                              uint32_t node_id,
-                              const std::vector<uint32_t>& submitted);
+                              uint32_t node_id, std::vector<RankSeen> seen);
 
 class InFlightCheckpoints {
  public:
@@ -151,9 +160,13 @@ class InFlightCheckpoints {
     bool waiting = false;
     std::optional<Retired> retired;
   };
+  // `connected`: the ranks whose sessions of the attempt's job are open on
+  // this node, for the reason (RankSeen::submitted is ignored).
   RanksCheck ExpireMissingRanks(const CheckpointAttempt& checkpoint,
                                 std::chrono::steady_clock::duration timeout,
-                                uint32_t node_id, ListenerCalls* out);
+                                uint32_t node_id,
+                                const std::vector<RankSeen>& connected,
+                                ListenerCalls* out);
 
   struct Cancelled {
     uint32_t saves = 0;  // parts cancelled; 0 if the attempt had ended

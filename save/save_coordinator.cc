@@ -260,7 +260,7 @@ bool SaveCoordinator::CheckLocalRanks(
   ListenerCalls calls;
   InFlightCheckpoints::RanksCheck check = checkpoints_.ExpireMissingRanks(
       *cp, LocalRanksTimeout(options_.local_ranks_timeout_ms), options_.node_id,
-      &calls);
+      open_sessions_.Ranks(cp->job, cp->world_size), &calls);
   calls.Run();
   // The parts that did arrive are cancelled; their files go the way of
   // every failed attempt's (removed once no worker writes them), and the
@@ -397,6 +397,7 @@ absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
 
 void SaveCoordinator::OnSessionClosed(const std::shared_ptr<Session>& session) {
   if (!session->opened()) return;
+  open_sessions_.Closed(*session);
   ListenerCalls calls;
   std::vector<Retired> ended = checkpoints_.SessionClosed(*session, &calls);
   calls.Run();

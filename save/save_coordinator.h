@@ -49,6 +49,7 @@
 #include "io/staging_pool.h"
 #include "save/commit_watcher.h"
 #include "save/in_flight_checkpoints.h"
+#include "save/open_sessions.h"
 #include "save/part_writer.h"
 #include "save/save_options.h"
 #include "save/save_part.h"
@@ -110,6 +111,11 @@ class SaveCoordinator {
   absl::StatusOr<GarbageCollection> CollectGarbage(
       absl::string_view job);
 
+  // A trainer's session opened: a checkpoint of its job that times out
+  // waiting for ranks names its rank as connected.
+  void OnSessionOpened(const std::shared_ptr<Session>& session) {
+    open_sessions_.Opened(session);
+  }
   // Fails in-flight checkpoints of the session's job that still wait for
   // the session's rank.
   void OnSessionClosed(const std::shared_ptr<Session>& session);
@@ -172,6 +178,7 @@ class SaveCoordinator {
   CommitProtocol commit_;
   SaveProgressBoard board_;
   InFlightCheckpoints checkpoints_{&board_};
+  OpenSessions open_sessions_;
   PartWriter writer_;
   // Last: destroyed first, so no retry runs against the members above.
   CommitWatcher watcher_;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,7 @@ struct SavePart {
   uint64_t id = 0;  // the save id the trainer holds
   uint32_t rank = 0;
   uint64_t session_id = 0;  // the session that submitted it
+  std::optional<uint32_t> local_rank = std::nullopt;  // its session's, if it said
   // The trainer's session, for the worker (its memory, its uid). Dropped,
   // under InFlightCheckpoints' lock, once the worker is done with the part
   // (FinishPart): a part that waits for other nodes or for the commit must

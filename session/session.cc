@@ -118,6 +118,11 @@ absl::Status Session::Open(const v1::OpenSessionRequest& request,
     return absl::InvalidArgumentError(absl::StrCat(
         "local world size ", local, " exceeds world size ", world_size));
   }
+  if (request.has_local_rank() && request.local_rank() >= local) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", request.local_rank(),
+                     " is not inside local world size ", local));
+  }
   absl::MutexLock lock(&open_mu_);
   if (opened_.load()) {
     return absl::FailedPreconditionError(
@@ -126,6 +131,7 @@ absl::Status Session::Open(const v1::OpenSessionRequest& request,
   rank_ = rank;
   world_size_ = world_size;
   local_world_size_ = local;
+  if (request.has_local_rank()) local_rank_ = request.local_rank();
   job_ = request.job();
   opened_ = true;
   LogInfo(log_fields().Set("uid", uid()).Set("world_size", world_size)

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -92,6 +93,8 @@ class Session {
   uint32_t rank() const { return rank_; }
   uint32_t world_size() const { return world_size_; }
   uint32_t local_world_size() const { return local_world_size_; }
+  // The trainer's index among the node's ranks, if it said (LOCAL_RANK).
+  std::optional<uint32_t> local_rank() const { return local_rank_; }
   const std::string& job() const { return job_; }
   // Who this session is in log lines: session and pid, and once opened its
   // job and rank.
@@ -149,6 +152,7 @@ class Session {
   uint32_t rank_ = 0;        // written once before opened_ is set
   uint32_t world_size_ = 0;
   uint32_t local_world_size_ = 0;
+  std::optional<uint32_t> local_rank_;
   std::string job_;
   mutable absl::Mutex mu_;
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);

@@ -223,13 +223,15 @@ class PySaveHandle {
 class PyClient {
  public:
   PyClient(const std::string& socket, const std::string& job, uint32_t rank,
-           uint32_t world_size, uint32_t node, uint32_t local_world_size) {
+           uint32_t world_size, uint32_t node, uint32_t local_world_size,
+           std::optional<uint32_t> local_rank) {
     ckpt::ConnectOptions options{.socket = socket,
                                  .job = job,
                                  .rank = rank,
                                  .world_size = world_size,
                                  .node = node,
-                                 .local_world_size = local_world_size};
+                                 .local_world_size = local_world_size,
+                                 .local_rank = local_rank};
     absl::StatusOr<std::unique_ptr<ckpt::Client>> client = Interruptibly(
         [&](ckpt::CallCanceller* c) { return ckpt::Client::Connect(options, c); });
     if (absl::IsUnavailable(client.status())) {
@@ -340,9 +342,9 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("progress", &PySaveHandle::Progress);
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint32_t,
-                    uint32_t>(),
+                    uint32_t, std::optional<uint32_t>>(),
            py::arg("socket"), py::arg("job"), py::arg("rank"), py::arg("world_size"),
-           py::arg("node"), py::arg("local_world_size"))
+           py::arg("node"), py::arg("local_world_size"), py::arg("local_rank") = py::none())
       .def("register_region", &PyClient::RegisterRegion)
       .def("define_layout", &PyClient::DefineLayout)
       .def("save", &PyClient::Save)

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -78,10 +79,14 @@ namespace {
 // tensor of its own registered.
 class PairRank {
  public:
-  PairRank(const std::string& socket, uint32_t rank)
+  PairRank(const std::string& socket, uint32_t rank,
+           std::optional<uint32_t> local_rank = std::nullopt)
       : rank_(rank), memory_(1 << 20, static_cast<char>('a' + rank)) {
-    auto client = Client::Connect(
-        {.socket = socket, .job = "job", .rank = rank, .world_size = 2});
+    auto client = Client::Connect({.socket = socket,
+                                   .job = "job",
+                                   .rank = rank,
+                                   .world_size = 2,
+                                   .local_rank = local_rank});
     INFO("rank " << rank << ": " << client.status());
     REQUIRE(client.ok());
     client_ = *std::move(client);
@@ -122,12 +127,19 @@ TEST_CASE("a checkpoint whose second local rank never submits fails after "
           "and its name can be saved again",
           "[integration][trainer-failure]") {
   const bool rank1_connects = GENERATE(true, false);
+  // With their LOCAL_RANK, the ranks that did connect let the daemon name
+  // one that never did by its own.
+  const bool with_local_ranks = GENERATE(true, false);
   INFO((rank1_connects ? "rank 1 connects and never saves"
-                       : "rank 1 never connects"));
+                       : "rank 1 never connects")
+       << (with_local_ranks ? ", local ranks given" : ""));
   DaemonProcess daemon({"--local_ranks_timeout_ms", "1000"});
-  PairRank rank0(daemon.socket(), 0);
+  const auto local = [&](uint32_t rank) {
+    return with_local_ranks ? std::optional<uint32_t>(rank) : std::nullopt;
+  };
+  PairRank rank0(daemon.socket(), 0, local(0));
   std::unique_ptr<PairRank> rank1;
-  if (rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1);
+  if (rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1, local(1));
 
   const auto first_part = std::chrono::steady_clock::now();
   auto save = rank0.Save("step-1");
@@ -138,10 +150,15 @@ TEST_CASE("a checkpoint whose second local rank never submits fails after "
   const auto waited = std::chrono::steady_clock::now() - first_part;
   INFO(result.ToString());
   CHECK(result.code() == absl::StatusCode::kAborted);
+  const std::string missing =
+      rank1_connects     ? "rank 1 (connected)"
+      : with_local_ranks ? "local rank 1 of node 0 (never connected)"
+                         : "rank 1 (never connected)";
   CHECK(absl::StrContains(
       result.message(),
-      "rank 1 did not submit within 1000 ms of the first part (1 of 2 local "
-      "ranks submitted: 0)"));
+      absl::StrCat(missing,
+                   " did not submit within 1000 ms of the first part (1 of 2 "
+                   "local ranks submitted: 0)")));
   CHECK(waited >= std::chrono::milliseconds(1000));
   CHECK(SavesInFlight(daemon.socket()) == 0);
   const std::string dir = daemon.root() + "/job/step-1";
@@ -151,7 +168,7 @@ TEST_CASE("a checkpoint whose second local rank never submits fails after "
   CHECK_FALSE(std::filesystem::exists(dir));
 
   // The name is free: both ranks save it now, and it commits.
-  if (!rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1);
+  if (!rank1_connects) rank1 = std::make_unique<PairRank>(daemon.socket(), 1, local(1));
   // Refused (Unavailable) only until the failed attempt has let go of it,
   // a moment after its directory is gone.
   absl::StatusOr<std::unique_ptr<SaveHandle>> again0 = rank0.Save("step-1");

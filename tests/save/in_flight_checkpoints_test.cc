@@ -282,8 +282,10 @@ TEST_CASE(
   const CheckpointAttempt& attempt = *p0->checkpoint;
 
   SaveProgressBoard::ListenerCalls early;
+  // Rank 1's session is open; rank 2 never connected.
+  const std::vector<RankSeen> connected = {{.rank = 1}};
   const auto before = f.set().ExpireMissingRanks(
-      attempt, std::chrono::hours(1), /*node_id=*/0, &early);
+      attempt, std::chrono::hours(1), /*node_id=*/0, connected, &early);
   early.Run();
   CHECK(before.waiting);
   CHECK_FALSE(before.retired.has_value());
@@ -291,7 +293,7 @@ TEST_CASE(
 
   SaveProgressBoard::ListenerCalls calls;
   const auto expired = f.set().ExpireMissingRanks(
-      attempt, std::chrono::milliseconds(0), /*node_id=*/0, &calls);
+      attempt, std::chrono::milliseconds(0), /*node_id=*/0, connected, &calls);
   calls.Run();
   CHECK_FALSE(expired.waiting);
   CHECK_FALSE(expired.retired.has_value());  // rank 0's worker still runs
@@ -299,8 +301,8 @@ TEST_CASE(
   const v1::SaveProgress progress = f.Progress(*p0);
   CHECK(progress.phase() == v1::PHASE_FAILED);
   CHECK(progress.reason() ==
-        "ranks 1-2 did not submit within 0 ms of the first part (1 of 3 "
-        "local ranks submitted: 0)");
+        "rank 2 (never connected) and rank 1 (connected) did not submit "
+        "within 0 ms of the first part (1 of 3 local ranks submitted: 0)");
   // A rank that comes late finds the attempt ended, not a new one.
   CHECK(f.TryAdd(1).status().code() == absl::StatusCode::kFailedPrecondition);
 
@@ -320,7 +322,7 @@ TEST_CASE(
   const std::shared_ptr<SavePart> p1 = f.Add(1);
   SaveProgressBoard::ListenerCalls calls;
   const auto check = f.set().ExpireMissingRanks(
-      *p0->checkpoint, std::chrono::milliseconds(0), /*node_id=*/0, &calls);
+      *p0->checkpoint, std::chrono::milliseconds(0), /*node_id=*/0, {}, &calls);
   calls.Run();
   CHECK_FALSE(check.waiting);
   CHECK_FALSE(check.retired.has_value());
@@ -330,27 +332,69 @@ TEST_CASE(
   CHECK(f.Finish(*p1, absl::OkStatus()).node_durable);
 }
 
+std::vector<RankSeen> Submitted(const std::vector<uint32_t>& ranks) {
+  std::vector<RankSeen> seen;
+  for (uint32_t r : ranks) seen.push_back({.rank = r, .submitted = true});
+  return seen;
+}
+
 TEST_CASE(
-    "MissingLocalRanks names the missing ranks when the job runs on this node "
-    "alone or follows torchrun's numbering, and counts them otherwise",
+    "MissingLocalRanks names the ranks that never connected when the job runs "
+    "on this node alone or follows torchrun's numbering, and counts them "
+    "otherwise",
     "[in_flight_checkpoints]") {
   // The whole job on this node: no doubt which ranks are missing.
-  CHECK(MissingLocalRanks(4, 4, 0, {0, 2}) == "ranks 1, 3");
-  CHECK(MissingLocalRanks(2, 2, 0, {0}) == "rank 1");
-  CHECK(MissingLocalRanks(100, 100, 0, {50}) == "ranks 0-49, 51-99");
+  CHECK(MissingLocalRanks(4, 4, 0, Submitted({0, 2})) ==
+        "ranks 1, 3 (never connected)");
+  CHECK(MissingLocalRanks(2, 2, 0, Submitted({0})) == "rank 1 (never connected)");
+  CHECK(MissingLocalRanks(100, 100, 0, Submitted({50})) ==
+        "ranks 0-49, 51-99 (never connected)");
   // Node 1 of a job of 16 ranks, 4 per node: torchrun gives it ranks 4-7.
-  CHECK(MissingLocalRanks(16, 4, 1, {4, 6}) ==
-        "ranks 5, 7 (node 1's block 4-7 in torchrun's numbering)");
+  CHECK(MissingLocalRanks(16, 4, 1, Submitted({4, 6})) ==
+        "ranks 5, 7 (never connected; node 1's block 4-7 in torchrun's "
+        "numbering)");
   // Ranks that submitted outside that block: the others cannot be named.
-  CHECK(MissingLocalRanks(16, 4, 1, {0, 9}) ==
-        "2 ranks this node cannot name (the ranks that submitted are not "
-        "node 1's block 4-7 of torchrun's numbering)");
+  CHECK(MissingLocalRanks(16, 4, 1, Submitted({0, 9})) ==
+        "2 ranks this node cannot name (never connected; the ranks seen are "
+        "not node 1's block 4-7 of torchrun's numbering, and not every rank "
+        "gave its local rank)");
   // A long list is cut: every waiter gets the reason in each message.
   std::vector<uint32_t> odd;
   for (uint32_t r = 1; r < 64; r += 2) odd.push_back(r);
-  CHECK(MissingLocalRanks(64, 64, 0, odd) ==
+  CHECK(MissingLocalRanks(64, 64, 0, Submitted(odd)) ==
         "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 and "
-        "16 more");
+        "16 more (never connected)");
+}
+
+TEST_CASE(
+    "MissingLocalRanks names connected ranks by rank and, once every rank "
+    "seen gave its local rank, the ones that never connected by local rank, "
+    "whatever the job's numbering",
+    "[in_flight_checkpoints]") {
+  // Node 1 of 16 ranks, 4 per node, numbered by the job, not by torchrun:
+  // local ranks 0-3 are global 7, 2, 11 and 5. 7 submitted, 11 is
+  // connected and has not, 2 and 5 never connected.
+  const std::vector<RankSeen> seen = {
+      {.rank = 7, .local_rank = 0, .submitted = true},
+      {.rank = 11, .local_rank = 2},
+  };
+  CHECK(MissingLocalRanks(16, 4, 1, seen) ==
+        "local ranks 1, 3 of node 1 (never connected) and rank 11 (connected)");
+  // One rank that did not say its local rank: the others are only counted
+  // (11 is outside torchrun's block 4-7).
+  std::vector<RankSeen> unsaid = seen;
+  unsaid[1].local_rank.reset();
+  CHECK(MissingLocalRanks(16, 4, 1, unsaid) ==
+        "2 ranks this node cannot name (never connected; the ranks seen are "
+        "not node 1's block 4-7 of torchrun's numbering, and not every rank "
+        "gave its local rank) and rank 11 (connected)");
+  // Every missing rank connected: nothing is unknown.
+  CHECK(MissingLocalRanks(2, 2, 0, {{.rank = 0, .submitted = true}, {.rank = 1}}) ==
+        "rank 1 (connected)");
+  // A rank with a second session open besides the one that submitted is
+  // not missing.
+  CHECK(MissingLocalRanks(2, 2, 0, {{.rank = 0}, {.rank = 0, .submitted = true}}) ==
+        "rank 1 (never connected)");
 }
 
 TEST_CASE(

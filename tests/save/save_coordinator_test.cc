@@ -429,8 +429,9 @@ TEST_CASE(
     INFO(log->Describe());
     CHECK(end.phase() == v1::PHASE_FAILED);
     CHECK(end.reason() ==
-          "ranks 1, 3 did not submit within 1000 ms of the first part (2 of 4 "
-          "local ranks submitted: 0, 2)");
+          "rank 3 (never connected) and rank 1 (connected) did not submit "
+          "within 1000 ms of the first part (2 of 4 local ranks submitted: 0, "
+          "2)");
   }
   CHECK(absl::Now() - first_part >= absl::Milliseconds(1000));
   CHECK(harness.coordinator().InFlight().empty());
@@ -449,7 +450,7 @@ TEST_CASE(
   const v1::SaveProgress failed = WaitForEnd(*alone);
   INFO(alone->Describe());
   REQUIRE(failed.phase() == v1::PHASE_FAILED);
-  CHECK_THAT(failed.reason(), Catch::StartsWith("rank 1 did not submit"));
+  CHECK_THAT(failed.reason(), Catch::StartsWith("rank 1 (connected) did not submit"));
 
   // The name is refused (Unavailable) only while the failed attempt's
   // files are being removed.

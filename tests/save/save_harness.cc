@@ -197,6 +197,7 @@ SaveHarness::Rank& SaveHarness::AddRank(uint32_t rank, uint32_t world_size,
        .local_world_size = local_world_size,
        .node_id = options_.node_id,
        .nodes = options_.nodes});
+  coordinator().OnSessionOpened(r.session);  // as the daemon's OpenSession
   r.memory = RankPattern((kWeightElements + kBiasElements) * 4, rank);
   const uint64_t region =
       RegisterHostRegion(*r.session, r.memory.data(), r.memory.size());

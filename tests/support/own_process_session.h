@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct OwnSessionSpec {
   uint32_t nodes = 1;
   // The daemon's layout budget; null: the session's own, default limits.
   std::shared_ptr<LayoutBudget> layouts = nullptr;
+  std::optional<uint32_t> local_rank = std::nullopt;  // what the trainer says, if
 };
 
 // An opened session of this process, or the test fails.
@@ -54,6 +56,7 @@ inline std::shared_ptr<Session> OpenOwnProcessSession(
   request.set_job(spec.job);
   request.set_node(spec.node_id);
   request.set_local_world_size(spec.local_world_size);
+  if (spec.local_rank.has_value()) request.set_local_rank(*spec.local_rank);
   const absl::Status opened = session->Open(request, spec.node_id, spec.nodes);
   INFO(opened);
   REQUIRE(opened.ok());

@@ -142,11 +142,13 @@ class Client:
     """This process as one rank of a job, connected to the node's ckptd."""
 
     def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
-                 socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0):
+                 socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0,
+                 local_rank: Optional[int] = None):
         self.rank = rank
         self.job = job
         self.socket = socket
-        self._connect_args = (socket, job, rank, world_size, node, local_world_size)
+        self._connect_args = (socket, job, rank, world_size, node, local_world_size,
+                              local_rank)
         self._client = _ckpt.Client(*self._connect_args)
         # Counts connections: ids (regions, layouts) of an older one are void.
         self.generation = 0

@@ -130,13 +130,16 @@ class Checkpointer:
     Every rank of the job (torch.distributed's world) saves together, as
     with DCP; `process_group` names the ranks the replica exchange runs
     over (default: the world), on a gloo group of its own that they create
-    at their first save. local_world_size and node default to torchrun's
-    LOCAL_WORLD_SIZE and GROUP_RANK (else: one node holding every rank).
+    at their first save. local_world_size, local_rank and node default to
+    torchrun's LOCAL_WORLD_SIZE, LOCAL_RANK and GROUP_RANK (else: one node
+    holding every rank, and no local rank: the daemon then names a rank that
+    never connected only where torchrun's numbering tells it).
     """
 
     def __init__(self, job: Optional[str] = None, *, socket: Optional[str] = None,
                  process_group=None, check_bytes: int = DEFAULT_CHECK_BYTES,
-                 local_world_size: Optional[int] = None, node: Optional[int] = None):
+                 local_world_size: Optional[int] = None, node: Optional[int] = None,
+                 local_rank: Optional[int] = None):
         import torch.distributed as dist
         self._exchange = ReplicaExchange(process_group)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -144,11 +147,14 @@ class Checkpointer:
             local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
         if node is None:
             node = int(os.environ.get("GROUP_RANK", "0"))
+        if local_rank is None and "LOCAL_RANK" in os.environ:
+            local_rank = int(os.environ["LOCAL_RANK"])
         self.job = job or default_job()
         self.rank = self._exchange.rank
         self.client = ckptd.Client(self.job, self.rank, world,
                                    socket=socket or ckptd.DEFAULT_SOCKET, node=node,
-                                   local_world_size=local_world_size)
+                                   local_world_size=local_world_size,
+                                   local_rank=local_rank)
         self._check_bytes = check_bytes
         self._buffers = values_mod.ValueBuffers()
         self._last: Optional[AsyncSaveResponse] = None

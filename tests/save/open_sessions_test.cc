@@ -1,0 +1,60 @@
+#include "save/open_sessions.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "support/own_process_session.h"
+
+namespace ckpt::testing {
+namespace {
+
+std::shared_ptr<Session> Open(uint64_t id, const char* job, uint32_t rank,
+                              uint32_t world, std::optional<uint32_t> local) {
+  return OpenOwnProcessSession({.session_id = id,
+                                .job = job,
+                                .rank = rank,
+                                .world_size = world,
+                                .local_world_size = world,
+                                .local_rank = local});
+}
+
+std::vector<uint32_t> RanksOf(const std::vector<RankSeen>& seen) {
+  std::vector<uint32_t> ranks;
+  for (const RankSeen& r : seen) ranks.push_back(r.rank);
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+TEST_CASE(
+    "OpenSessions gives the open ranks of one job and world size with their "
+    "local ranks, and forgets closed and destroyed sessions",
+    "[open_sessions]") {
+  OpenSessions open;
+  auto r0 = Open(1, "job", 0, 4, 0);
+  auto r3 = Open(2, "job", 3, 4, std::nullopt);
+  auto other_job = Open(3, "other", 1, 4, 1);
+  auto other_world = Open(4, "job", 1, 8, 1);
+  for (const auto& s : {r0, r3, other_job, other_world}) open.Opened(s);
+
+  std::vector<RankSeen> seen = open.Ranks("job", 4);
+  CHECK(RanksOf(seen) == std::vector<uint32_t>{0, 3});
+  for (const RankSeen& r : seen) {
+    CHECK_FALSE(r.submitted);
+    CHECK(r.local_rank == (r.rank == 0 ? std::optional<uint32_t>(0) : std::nullopt));
+  }
+
+  // A hang-up the table was told of, one it was not (the close raced with
+  // Opened: MarkClosed came first), and a session already destroyed.
+  open.Closed(*r0);
+  r3->MarkClosed();
+  other_world.reset();
+  CHECK(open.Ranks("job", 4).empty());
+  CHECK(open.Ranks("job", 8).empty());
+  CHECK(RanksOf(open.Ranks("other", 4)) == std::vector<uint32_t>{1});
+}
+
+}  // namespace
+}  // namespace ckpt::testing
