@@ -46,6 +46,8 @@ class IoWorkers {
   IoWorkers& operator=(const IoWorkers&) = delete;
 
   void Post(Task task);
+  // How many tasks can run at once.
+  size_t size() const { return threads_.size(); }
   // "io_uring" or "pwrite" (of the first worker).
   std::string backend() const { return backend_; }
 

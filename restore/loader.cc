@@ -12,10 +12,16 @@
 #include "common/status.h"
 #include "format/data_file_header.h"
 #include "restore/load_plan.h"
+#include "restore/read_split.h"
 #include "restore/shard_reader.h"
 
 namespace ckpt {
 namespace {
+
+// A file read from the memory tier is verified by up to every I/O worker at
+// once, in parts of at least this much (restore/read_split.h): smaller
+// parts would cost more in tasks than they save.
+constexpr uint64_t kMinPartBytes = 32 << 20;
 
 // One round in flight: what its file reads share.
 struct RoundRun {
@@ -35,9 +41,17 @@ struct RoundRun {
   std::vector<Entry> entries;
   v1::CommitRecord record;  // ItemReads point into its checksums
   std::map<uint32_t, ShardReadRequest> files;        // by file index
+  // What the workers read: each file whole, or in parts (read_split.h),
+  // the file's first part first. Not resized once the reads are posted.
+  struct FileRead {
+    uint32_t file = 0;
+    bool first_part = true;  // checks the file's header
+    ShardReadRequest request;
+  };
+  std::vector<FileRead> reads;
   std::map<uint32_t, std::set<size_t>> file_users;   // file -> entries
   absl::Mutex mu;
-  std::atomic<size_t> pending_files{0};
+  std::atomic<size_t> pending_reads{0};
   std::atomic<uint64_t> bytes_read{0};
   CheckpointLeases* leases = nullptr;  // set while a lease is held
   std::string job, checkpoint;
@@ -199,21 +213,37 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   for (const v1::StoredTensor& t : index.tensors()) {
     if (run->files.contains(t.file_index())) file_chunks[t.file_index()].push_back(&t);
   }
-  run->pending_files = run->files.size();
+  // Files from storage are read whole, so the node reads each stored byte
+  // once; files from the memory tier are bound by verifying on one core
+  // and are split over the workers.
   for (auto& [file, req] : run->files) {
     std::sort(req.items.begin(), req.items.end(), [](const ItemRead& a, const ItemRead& b) {
       return a.item_file_offset < b.item_file_offset;
     });
-    workers->Post([run, pool, file = file,
-                   chunks = std::move(file_chunks[file])](IoQueue& queue) mutable {
-      ShardReadRequest& req = run->files[file];
-      absl::StatusOr<std::string> header = ExpectedDataFileHeader(
-          run->record.index().files(static_cast<int>(file)), std::move(chunks));
+    const bool from_memory = req.memory_image != nullptr;
+    std::vector<ShardReadRequest> parts =
+        SplitShardRead(std::move(req), from_memory ? workers->size() : 1, kMinPartBytes);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      run->reads.push_back({.file = file, .first_part = p == 0, .request = std::move(parts[p])});
+    }
+  }
+  run->pending_reads = run->reads.size();
+  for (size_t r = 0; r < run->reads.size(); ++r) {
+    const uint32_t file = run->reads[r].file;
+    std::vector<const v1::StoredTensor*> chunks;
+    if (run->reads[r].first_part) chunks = std::move(file_chunks[file]);
+    workers->Post([run, pool, r, file, chunks = std::move(chunks)](IoQueue& queue) mutable {
+      RoundRun::FileRead& read = run->reads[r];
+      absl::StatusOr<std::string> header = std::string();
+      if (read.first_part) {
+        header = ExpectedDataFileHeader(run->record.index().files(static_cast<int>(file)),
+                                        std::move(chunks));
+      }
       absl::StatusOr<uint64_t> n = uint64_t{0};
       if (header.ok()) {
-        req.expected_header = *std::move(header);
+        read.request.expected_header = *std::move(header);
         ShardReader reader(pool, &queue);
-        n = reader.Read(req);
+        n = reader.Read(read.request);
       } else {
         n = header.status();
       }
@@ -225,7 +255,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
           if (run->entries[i].status.ok()) run->entries[i].status = n.status();
         }
       }
-      if (--run->pending_files == 0) run->Finish();
+      if (--run->pending_reads == 0) run->Finish();
     });
   }
 }

@@ -34,19 +34,7 @@ constexpr uint64_t kMaxFileBytes = uint64_t{1} << 62;
 constexpr uint64_t kSliceBytes = 256 << 10;
 
 // A byte range in file offsets.
-struct Span { uint64_t begin, end; };
-
-// An item's needed range widened to whole checksum blocks, in file offsets.
-Span Widen(const ItemRead& item, uint64_t block) {
-  uint64_t begin = item.item_length, end = 0;
-  for (const Delivery& d : item.deliveries) {
-    begin = std::min(begin, d.begin);
-    end = std::max(end, d.end);
-  }
-  const uint64_t b = begin / block * block;
-  const uint64_t e = std::min(item.item_length, (end + block - 1) / block * block);
-  return {item.item_file_offset + b, item.item_file_offset + e};
-}
+using Span = FileRange;
 
 // What a read works from: the request, each item's widened range, and the
 // segments to read (the ranges aligned for O_DIRECT and coalesced).
@@ -83,19 +71,11 @@ absl::StatusOr<ReadPlan> PlanRead(const ShardReadRequest& req, uint64_t window_b
     plan.segments.push_back({0, AlignUp(req.expected_header.size())});
   }
   for (const ItemRead& item : req.items) {
-    uint64_t item_end = 0;
-    bool bad = item.deliveries.empty() ||
-               __builtin_add_overflow(item.item_file_offset, item.item_length, &item_end) ||
-               item_end > req.file_size;
-    for (const Delivery& d : item.deliveries) {
-      bad = bad || d.begin > d.end || d.end > item.item_length ||
-            d.destination == nullptr;
-    }
-    if (bad) {
+    if (!ItemReadInBounds(item, req.file_size)) {
       return absl::InternalError(absl::StrCat("bad read range for item ",
                                               item.fqn, " in ", req.path));
     }
-    const Span s = Widen(item, block);
+    const Span s = WidenedItemRange(item, block);
     if (!plan.spans.empty() && s.begin < plan.spans.back().end) {
       return absl::InternalError(absl::StrCat(
           "overlapping reads of item ", item.fqn, " in ", req.path));
@@ -311,10 +291,12 @@ class WindowConsumer {
     const uint64_t index = (begin - item.item_file_offset) / plan_.block;
     if (index >= item.block_count ||
         XXH3_64bits(data + (begin - w.offset), end - begin) != item.block_xxh3[index]) {
+      // Named as in the stored item, also when this read is a part of it.
+      const uint64_t in_item = begin - item.item_file_offset + item.offset_in_item;
       return absl::DataLossError(absl::StrCat(
-          "checksum mismatch in ", req_.path, ", item ", item.fqn, ", block ", index,
-          ": item bytes [", begin - item.item_file_offset, ", ",
-          end - item.item_file_offset, ") at file offset ", begin));
+          "checksum mismatch in ", req_.path, ", item ", item.fqn, ", block ",
+          in_item / plan_.block, ": item bytes [", in_item, ", ",
+          in_item + (end - begin), ") at file offset ", begin));
     }
     return absl::OkStatus();
   }
@@ -385,6 +367,28 @@ struct Window {
 };
 
 }  // namespace
+
+FileRange WidenedItemRange(const ItemRead& item, uint64_t block) {
+  uint64_t begin = item.item_length, end = 0;
+  for (const Delivery& d : item.deliveries) {
+    begin = std::min(begin, d.begin);
+    end = std::max(end, d.end);
+  }
+  const uint64_t b = begin / block * block;
+  const uint64_t e = std::min(item.item_length, (end + block - 1) / block * block);
+  return {item.item_file_offset + b, item.item_file_offset + e};
+}
+
+bool ItemReadInBounds(const ItemRead& item, uint64_t file_size) {
+  uint64_t item_end = 0;
+  bool bad = item.deliveries.empty() ||
+             __builtin_add_overflow(item.item_file_offset, item.item_length, &item_end) ||
+             item_end > file_size;
+  for (const Delivery& d : item.deliveries) {
+    bad = bad || d.begin > d.end || d.end > item.item_length || d.destination == nullptr;
+  }
+  return !bad;
+}
 
 absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   ASSIGN_OR_RETURN(const ReadPlan plan, PlanRead(req, pool_->buffer_bytes()));

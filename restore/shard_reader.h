@@ -69,7 +69,10 @@ struct Delivery {
   uint64_t remote = 0;  // peer address for byte `begin`
 };
 
-// One stored item to read, and where its bytes go.
+// One stored item to read, and where its bytes go. It may be a part of a
+// stored item that starts on one of its checksum blocks
+// (restore/read_split.h): then `item_*` and `block_xxh3` describe the part
+// and `offset_in_item` says where it starts, for error messages.
 struct ItemRead {
   std::string fqn;                 // for error messages
   uint64_t item_file_offset = 0;   // where the item's bytes start in the file
@@ -77,7 +80,24 @@ struct ItemRead {
   const uint64_t* block_xxh3 = nullptr;  // the item's block checksums
   size_t block_count = 0;
   std::vector<Delivery> deliveries;  // non-empty, within [0, item_length)
+  uint64_t offset_in_item = 0;       // a multiple of the checksum block size
 };
+
+// File bytes [begin, end).
+struct FileRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// The bytes of `item` a read covers: the range its deliveries need, widened
+// to whole checksum blocks of `block_bytes` (every delivered byte must lie
+// in a verified block), in file offsets.
+FileRange WidenedItemRange(const ItemRead& item, uint64_t block_bytes);
+
+// Whether `item` lies in a file of `file_size` bytes and its deliveries in
+// the item, each with a destination. The manifest's offsets and lengths are
+// untrusted; a read of an item that is not is refused (InternalError).
+bool ItemReadInBounds(const ItemRead& item, uint64_t file_size);
 
 struct ShardReadRequest {
   // The file: `name` in the open checkpoint directory `dir`, resolved

@@ -215,12 +215,16 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
     by_device[region->device].push_back({region->Translate(s.remote), s.local, s.length});
     held.push_back(std::move(region));
   }
-  absl::MutexLock lock(&copy_mu_);
   // Every stream that was given copies gets a fence, and every fence is
   // waited for, error or not: the host memory is a staging buffer or a tier
-  // image that the caller reuses once this returns.
+  // image that the caller reuses once this returns. The streams are held
+  // only to enqueue (a stream is used by one thread at a time); the fences
+  // are waited for after, so that copies of threads restoring parts of a
+  // file at once (restore/read_split.h) queue behind each other on the copy
+  // engine instead of each waiting for the one before to end.
   absl::Status status;
   std::vector<std::unique_ptr<GpuFence>> fences;
+  absl::ReleasableMutexLock lock(&copy_mu_);
   for (auto& [device, copies] : by_device) {
     // A memory tier image is pinned in chunks; a copy must not span two.
     backend_->SplitAtChunks(&copies);
@@ -242,6 +246,7 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
     }
     if (!status.ok()) break;
   }
+  lock.Release();
   bool ended = true;
   for (auto& fence : fences) {
     absl::Status waited = fence->Wait(copy_timeout_);

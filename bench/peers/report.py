@@ -29,6 +29,10 @@ LABELS = {
 }
 DCP_ASYNC = ["dcp-async-thread", "dcp-async-process", "dcp-async-thread-shm",
              "dcp-async-process-shm"]
+# Every target id targets() can give; notes.md explains each one missed
+# (tests/bench/peers_notes_test.py holds the two together).
+TARGET_IDS = ([f"blocking-vs-{d}" for d in DCP_ASYNC] +
+              ["blocking-vs-tc", "staged-vs-tc", "durable-vs-dcp-save", "durable-vs-fio", "rss"])
 DEFAULT_STATES = [("small", 1 << 30), ("large", 1 << 30), ("small", 4 << 30),
                   ("large", 4 << 30), ("fsdp", 1 << 30)]
 # "Extra trainer RSS ~ 0": at most this share of a rank's state, or 32 MiB.
@@ -180,6 +184,16 @@ def target_table(results):
                         f"{'met' if t['met'] else '**missed**'}"
                         f"{' (' + t['note'] + ')' if t['note'] else ''} |")
     return "\n".join(rows)
+
+
+def note_for(notes, tid):
+    """The explanation of target `tid`: its own section, or for the four DCP
+    async_save variants the one `blocking-vs-dcp` section."""
+    if tid in notes:
+        return notes[tid]
+    if tid.startswith("blocking-vs-dcp-"):
+        return notes.get("blocking-vs-dcp")
+    return None
 
 
 def load_notes():
@@ -385,8 +399,12 @@ def markdown(results, results_path, img_rel, prefix):
         "(O_DIRECT readers gain nothing from it either way).",
         f"- fio: sequential O_DIRECT, 8 MiB blocks, io_uring, QD16, "
         f"{fio.get('size_bytes', 0) >> 20} MiB in the same directory: write "
-        f"**{fio.get('write_Bps', 0) / 1e9:.2f} GB/s**, read "
-        f"**{fio.get('read_Bps', 0) / 1e9:.2f} GB/s** (median of {len(fio.get('write_Bps_runs', []))}).",
+        f"**{fio.get('write_Bps', 0) / 1e9:.2f} GB/s**"
+        + (" with an fsync at its end, as a durable save has (the ratios use it; "
+           f"without the fsync {fio['write_unsynced_Bps'] / 1e9:.2f} GB/s)"
+           if fio.get("write_end_fsync") else "")
+        + f", read **{fio.get('read_Bps', 0) / 1e9:.2f} GB/s** "
+        f"(median of {len(fio.get('write_Bps_runs', []))}).",
         "- ckptd: a fresh daemon per method on a fresh root beside the others' directories, "
         f"`--pool_bytes` = state + 64 MiB, `--io_workers {cfg['io_workers']}`; the "
         "memory-tier variant adds `--keep_in_memory_bytes` ≈ 1.1× the state. Its save call "
@@ -418,6 +436,14 @@ def markdown(results, results_path, img_rel, prefix):
             + (f"fails: `{nb.get('error', '?')[:120]}`" if not nb.get("runs") else "runs")
             + ". So the pinned variants cannot run without a GPU and are not in the tables; "
               "the shared-memory async stager is.")
+    own = [st for st in results["states"] if st.get("fio")
+           and not any(state_name(st) in e["states"] for e in results.get("merged_runs", []))]
+    if own:
+        lines.append(
+            "- fio again before each state, the same way at the state's size (at most "
+            "4 GiB); a state's ratios use its own figures, since the disk's rate drifts: "
+            + "; ".join(f"{state_name(st)}: write {st['fio']['write_Bps'] / 1e9:.2f} GB/s, "
+                        f"read {st['fio']['read_Bps'] / 1e9:.2f} GB/s" for st in own) + ".")
     for extra in results.get("merged_runs", []):
         ef = extra["fio"]
         lines.append(
@@ -437,9 +463,9 @@ def markdown(results, results_path, img_rel, prefix):
     if missed:
         lines += ["Where ckptd misses:", ""]
         for tid in missed:
-            lines.append(f"- **{tid}**: " + notes.get(
-                tid, "_no explanation recorded yet (bench/peers/notes.md, "
-                     f"section `## {tid}`): profile the daemon and the client._"))
+            lines.append(f"- **{tid}**: " + (note_for(notes, tid) or (
+                "_no explanation recorded yet (bench/peers/notes.md, "
+                f"section `## {tid}`): profile the daemon and the client._")))
         lines.append("")
     if notes.get("general"):
         lines += [notes["general"], ""]
@@ -531,7 +557,7 @@ def merge(base, other):
     """Appends the states of another run (each keeps its run's fio, and the
     ratios stay within one run)."""
     for st in other["states"]:
-        st["fio"] = other["fio"]
+        st.setdefault("fio", other["fio"])
     base["states"] += other["states"]
     base.setdefault("merged_runs", []).append({
         "started": other["started"], "fio": other["fio"],

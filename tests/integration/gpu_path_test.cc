@@ -109,15 +109,20 @@ TEST_CASE("a restarted GPU trainer restores from the daemon's memory tier",
   const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
   std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
   if (gpu == nullptr) return;
+  // 32 MiB; and 80 MiB in one file, which the daemon's I/O workers verify
+  // and copy in parts at once (restore/read_split.h).
+  const int per_allocation = GENERATE(16, 40);
+  INFO(2 * per_allocation << " tensors of " << kTensorBytes << " bytes");
   DaemonProcess daemon(GpuFlags(kind, {"--keep_in_memory_bytes=268435456"}));
   {
-    GpuTestRank rank(gpu.get(), daemon.socket(), "tier", 2, 16, kTensorBytes);
+    GpuTestRank rank(gpu.get(), daemon.socket(), "tier", 2, per_allocation, kTensorBytes);
     rank.Upload(4);
     auto save = rank.client().Save(rank.SaveRequestFor("step-4"), gpu->stream());
     REQUIRE(save.ok());
     REQUIRE((*save)->WaitCommitted().ok());
   }  // the trainer exits
-  GpuTestRank restarted(gpu.get(), daemon.socket(), "tier", 2, 16, kTensorBytes);
+  GpuTestRank restarted(gpu.get(), daemon.socket(), "tier", 2, per_allocation,
+                        kTensorBytes);
   auto loaded = restarted.client().Load(restarted.LoadRequestFor("latest"));
   INFO(loaded.status().ToString());
   REQUIRE(loaded.ok());
