@@ -106,7 +106,7 @@ def measure_fio(dir, size, reps):
     device's, or a VM host's), and only the flush waits until the bytes are
     durable. The write without the flush is measured too and reported
     beside it (an earlier run saw 2.51 GB/s unflushed for 1 GiB on a disk
-    that took 0.7-0.8 GB/s minutes later)."""
+    that took 0.7-0.8 GB/s some hours later)."""
     d = os.path.join(dir, "fio")
     os.makedirs(d, exist_ok=True)
     w, w_unsynced, r = [], [], []
