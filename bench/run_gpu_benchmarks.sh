@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU benchmark (docs/BENCHMARKS.md, "GPU path"): starts ckptd with the
 # CUDA device, a staging pool that holds the state and a memory tier, and
-# runs ckpt-gpu-bench against it; prints the daemon's log tail and the
-# benchmark's JSON line last. Binaries from build/ or $CKPT_BIN_DIR.
+# runs ckpt-gpu-bench against it; prints the daemon's `part written` lines
+# (the enqueue's time per save), its log tail and the benchmark's JSON line
+# last. Binaries from build/ or $CKPT_BIN_DIR.
 #
 #   bench/run_gpu_benchmarks.sh [BYTES [SAVES]]   (default 4 GiB, 10 saves)
 #
@@ -31,6 +32,10 @@ rc=0
 # The daemon's own GPU memory (its contexts), while it still runs.
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null |
   awk -v pid="$daemon" -F', ' '$1 == pid {print "daemon GPU memory: " $2}'
+# Each save's own enqueue time in the daemon (enqueued_us: from the part's
+# turn on a worker to its last copy enqueued), beside the trainer's CPU
+# blocked figure, which adds the call, the worker's pickup and the reply.
+grep 'part written' "$logs/ckptd.log" || true
 tail -20 "$logs/ckptd.log"
 cat "$logs/bench.err"
 tail -1 "$logs/bench.out"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -31,10 +32,8 @@ void PartWriter::MarkStaged(const SavePart& part, bool staged) {
   calls.Run();
 }
 
-absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
+absl::Status PartWriter::Prepare(const SavePart& part) {
   CheckpointAttempt& cp = *part.checkpoint;
-  if (part.cancelled.load())
-    return absl::CancelledError("cancelled before it started");
   std::call_once(cp.prepare_once, [&] {
     // The job is its first saver's (storage/job_ownership.h); the service
     // checked the owner already, this settles a race of two new jobs.
@@ -44,11 +43,30 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
         store_->PrepareForSave(cp.job, cp.name, options_.node_id, file_ops_);
     cp.prepared = true;
   });
-  RETURN_IF_ERROR(cp.prepare_status);
-  // Every data file is created beneath this one directory descriptor, so a
-  // checkpoint directory swapped for a symlink after PrepareForSave cannot
-  // redirect a write (storage/storage_dir.h).
-  ASSIGN_OR_RETURN(StorageDir dir, store_->OpenCheckpoint(cp.job, cp.name));
+  return cp.prepare_status;
+}
+
+absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
+  CheckpointAttempt& cp = *part.checkpoint;
+  if (part.cancelled.load())
+    return absl::CancelledError("cancelled before it started");
+  // The checkpoint directory is prepared and opened when the part's first
+  // file is about to be created (ShardWriter: at its first write), not
+  // before the copies: with GPU memory and a pool that holds the part, the
+  // trainer's GPU-side STAGED then never waits for mkdir, the marker's
+  // fsyncs or the file's creation. Every data file is created beneath this
+  // one directory descriptor, so a checkpoint directory swapped for a
+  // symlink after PrepareForSave cannot redirect a write
+  // (storage/storage_dir.h).
+  std::optional<StorageDir> dir;
+  auto open_dir = [&]() -> absl::StatusOr<StorageDir*> {
+    if (!dir.has_value()) {
+      RETURN_IF_ERROR(Prepare(part));
+      ASSIGN_OR_RETURN(StorageDir opened, store_->OpenCheckpoint(cp.job, cp.name));
+      dir.emplace(std::move(opened));
+    }
+    return &*dir;
+  };
 
   const TensorLayout& tensors = *part.tensors;
   const std::vector<PlannedFile>& files = tensors.plan.files;
@@ -57,9 +75,11 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
   ASSIGN_OR_RETURN(std::unique_ptr<CopyOutBatch> batch,
                    part.session->memory()->BeginCopyOut());
   // A rank that owns nothing (its replicas write everything) is staged now.
+  // Its node's manifest still goes into the checkpoint directory.
   if (files.empty()) {
     RETURN_IF_ERROR(batch->AllEnqueued());
     MarkStaged(part, /*staged=*/true);
+    return open_dir().status();
   }
   ShardWriter writer(pool_, &queue, file_ops_);
   ShardWriteProgress before;  // of the files already written
@@ -78,12 +98,15 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     const bool last = k + 1 == order.size();
     const PlannedFile& file = files[f];
     ShardWriteRequest req;
-    req.dir = &dir;
     req.name = file.name;
-    req.path = dir.PathOf(file.name);
-    // A leftover of an earlier, crashed attempt at this checkpoint: only
-    // this rank ever writes this name.
-    RETURN_IF_ERROR(dir.Unlink(file.name));
+    req.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
+    req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+      ASSIGN_OR_RETURN(StorageDir * opened, open_dir());
+      // A leftover of an earlier, crashed attempt at this checkpoint: only
+      // this rank ever writes this name.
+      RETURN_IF_ERROR(opened->Unlink(file.name));
+      return opened;
+    };
     req.layout = &file.layout;
     for (size_t i : file.items) {
       req.remote.push_back(tensors.remote[i]);

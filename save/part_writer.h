@@ -1,13 +1,16 @@
 // PartWriter: writes one rank's part of a checkpoint on an I/O worker.
 //
-// A part is the data files the rank owns under the node plan. Write first
-// prepares the checkpoint directory (once per attempt, by whichever of its
-// parts starts first), then writes the files one after another through a
-// ShardWriter, all their copies in one CopyOutBatch so that the trainer's
-// staged events are recorded once, after the last copy. Each window may
-// also be copied into a MemoryTier image, after its write. Progress goes to
-// the SaveProgressBoard as it happens: byte counters (throttled), the
-// GPU-side STAGED (copies_enqueued) and STAGED.
+// A part is the data files the rank owns under the node plan. Write writes
+// them one after another through a ShardWriter, all their copies in one
+// CopyOutBatch so that the trainer's staged events are recorded once, after
+// the last copy. The checkpoint directory is prepared (once per attempt, by
+// whichever of its parts gets there first) when the part's first file is
+// created, which ShardWriter puts off until that file's first write: after
+// the copies it could enqueue, so that the GPU-side STAGED does not wait
+// for the file system. Each window may also be copied into a MemoryTier
+// image, after its write. Progress goes to the SaveProgressBoard as it
+// happens: byte counters (throttled), the GPU-side STAGED (copies_enqueued)
+// and STAGED.
 //
 // Ownership: borrows the store, pool, tier, board and file operations,
 // which outlive it; owns the write rate limiter all writes share (its rate
@@ -69,6 +72,9 @@ class PartWriter {
   uint64_t tensor_bytes_written() const { return tensor_bytes_written_.load(); }
 
  private:
+  // Claims the job and prepares the checkpoint directory for the part's
+  // attempt, the first time any of its parts asks; the outcome afterwards.
+  absl::Status Prepare(const SavePart& part);
   // Publishes the phase change `staged` (STAGED, or with false only the
   // GPU-side copies_enqueued) unless the part already ended.
   void MarkStaged(const SavePart& part, bool staged);

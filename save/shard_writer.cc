@@ -111,14 +111,6 @@ class StagedWindows {
   std::deque<StagedWindow> windows_;
 };
 
-// A failed write leaves no data file behind. Removing it is best effort: the
-// save has failed already, and an uncommitted directory is removed whole
-// later; a failure is logged so the leftover can be explained.
-void RemovePartialFile(const StorageDir& dir, const std::string& name) {
-  const absl::Status removed = dir.Unlink(name);
-  if (!removed.ok()) LogWarning("remove partial file: ", removed.ToString());
-}
-
 // The directory and name the request's file is created in (see
 // ShardWriteRequest): the given ones, or those of `path`, the directory
 // opened without following a symlink as its last component.
@@ -132,32 +124,80 @@ absl::StatusOr<StorageDir> OpenParent(const ShardWriteRequest& req, std::string*
   return StorageDir::OpenRoot(slash == 0 ? "/" : req.path.substr(0, slash));
 }
 
+// The request's data file, created O_EXCL by the first call to Fd (the
+// first write that needs it), so that nothing before that touches the file
+// system. Ownership: owns the descriptor and a directory it opened itself;
+// borrows the request and the file operations. Thread-safety: none.
+class LazyDataFile {
+ public:
+  LazyDataFile(const ShardWriteRequest& req, FileOps& ops) : req_(req), ops_(ops) {}
+
+  // The file's descriptor, creating the file (and resolving its directory)
+  // on the first call. An error is returned again by every later call.
+  absl::StatusOr<int> Fd() {
+    if (fd_.get() >= 0) return fd_.get();
+    if (!error_.ok()) return error_;
+    absl::StatusOr<int> created = Create();
+    if (!created.ok()) error_ = created.status();
+    return created;
+  }
+
+  // Removes the file if this object created it: a failed Write leaves no
+  // data file behind. Best effort: the save has failed already, and an
+  // uncommitted directory is removed whole later; a failure is logged so
+  // the leftover can be explained.
+  void RemoveIfCreated() {
+    if (fd_.get() < 0) return;
+    fd_ = UniqueFd();
+    const absl::Status removed = dir_->Unlink(name_);
+    if (!removed.ok()) LogWarning("remove partial file: ", removed.ToString());
+  }
+
+ private:
+  absl::StatusOr<int> Create() {
+    name_ = req_.name;
+    if (req_.dir != nullptr) {
+      dir_ = req_.dir;
+    } else if (req_.open_dir) {
+      ASSIGN_OR_RETURN(dir_, req_.open_dir());
+    } else {
+      ASSIGN_OR_RETURN(StorageDir opened, OpenParent(req_, &name_));
+      own_dir_.emplace(std::move(opened));
+      dir_ = &*own_dir_;
+    }
+    // O_EXCL: a file (or a symlink) already under the name is EEXIST,
+    // someone else's, and not ours to remove.
+    absl::StatusOr<int> opened = ops_.CreateDirect(*dir_, name_);
+    if (!opened.ok()) return Annotate(opened.status(), "create data file (O_DIRECT)");
+    fd_ = UniqueFd(*opened);
+    CrashPoint("data", "created");  // common/crash_point.h: inert unless armed
+    return fd_.get();
+  }
+
+  const ShardWriteRequest& req_;
+  FileOps& ops_;
+  std::optional<StorageDir> own_dir_;
+  const StorageDir* dir_ = nullptr;
+  std::string name_;
+  UniqueFd fd_;
+  absl::Status error_;
+};
+
 }  // namespace
 
 absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     const ShardWriteRequest& req) {
-  std::optional<StorageDir> own_dir;
-  const StorageDir* dir = req.dir;
-  std::string name = req.name;
-  if (dir == nullptr) {
-    ASSIGN_OR_RETURN(StorageDir opened, OpenParent(req, &name));
-    own_dir.emplace(std::move(opened));
-    dir = &*own_dir;
-  }
-  // O_EXCL: a file (or a symlink) already under the name is EEXIST, someone
-  // else's, and not ours to remove.
-  absl::StatusOr<int> opened = file_ops_.CreateDirect(*dir, name);
-  if (!opened.ok()) return Annotate(opened.status(), "create data file (O_DIRECT)");
-  UniqueFd fd(*opened);
-  CrashPoint("data", "created");  // common/crash_point.h: inert unless armed
-  absl::StatusOr<ShardWriteResult> result = WriteWindows(req, fd.get());
+  LazyDataFile file(req, file_ops_);
+  absl::StatusOr<ShardWriteResult> result =
+      WriteWindows(req, [&] { return file.Fd(); });
   if (result.ok()) {
     // Trim the O_DIRECT padding so the file size is exact, then make it
     // durable. WriteWindows returned after the last write's completion, so
-    // the fsync covers every write.
-    absl::Status durable =
-        file_ops_.Truncate(fd.get(), req.layout->file_size, req.path);
-    if (durable.ok()) durable = file_ops_.Fsync(fd.get(), req.path);
+    // the fsync covers every write (there was at least one: the header).
+    absl::StatusOr<int> fd = file.Fd();
+    absl::Status durable = fd.status();
+    if (durable.ok()) durable = file_ops_.Truncate(*fd, req.layout->file_size, req.path);
+    if (durable.ok()) durable = file_ops_.Fsync(*fd, req.path);
     if (durable.ok()) CrashPoint("data", "synced");
     if (durable.ok()) {
       result->synced_at = ShardWriteResult::Clock::now();
@@ -165,12 +205,12 @@ absl::StatusOr<ShardWriteResult> ShardWriter::Write(
     }
     result = durable;
   }
-  RemovePartialFile(*dir, name);
+  file.RemoveIfCreated();
   return result;
 }
 
 absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
-    const ShardWriteRequest& req, int fd) {
+    const ShardWriteRequest& req, absl::FunctionRef<absl::StatusOr<int>()> file_fd) {
   const SafetensorsLayout& layout = *req.layout;
   const size_t n_entries = req.remote.size();
   std::unique_ptr<CopyOutBatch> own_batch;
@@ -300,6 +340,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
   // Starts the oldest paced write; its buffer belongs to the pipeline until
   // the write's completion is reaped.
   auto start_write = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const int fd, file_fd());
     PacedWrite w = std::move(paced.front());
     paced.pop_front();
     IoRequest write;
@@ -401,6 +442,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     next = std::min(next + window_bytes, layout.file_size);
     if (s.ok() && next == layout.file_size) {
       if (req.last_file_of_batch) s = batch->AllEnqueued();
+      if (s.ok()) result.enqueued_at = ShardWriteResult::Clock::now();
       if (s.ok() && req.on_enqueued) req.on_enqueued();
     }
     // Copies that completed at once (host memory) are hashed right away,

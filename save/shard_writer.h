@@ -27,6 +27,12 @@
 // memory for checkpoints larger than the pool (every window in any step
 // holds its buffer, and there is no other queue), and what makes the
 // staging of a state larger than the pool follow storage, cap included.
+// The file is created when its first write is due, not before: a window's
+// copies are enqueued before it is hashed and written, so when copies
+// complete later (a GPU's) and the pool holds the file, every copy is
+// enqueued (the GPU-side STAGED) before the file system is touched; its
+// directory may even be prepared then (ShardWriteRequest::open_dir). Host
+// copies complete at once, so there the first window's write creates it.
 // Once every write has completed the file is truncated to its exact size
 // and fsynced (an fsync is not ordered after writes still in flight, so it
 // must come after them), both through FileOps, the seam that lets tests
@@ -54,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "format/safetensors_layout.h"
 #include "io/io_queue.h"
@@ -74,12 +81,17 @@ struct ShardWriteRequest {
   // The file to create, O_EXCL: `name` in the open checkpoint directory
   // `dir` (resolved beneath it without symlinks, the way every name under
   // the storage root must be: storage/storage_dir.h), with `path` its full
-  // name for messages. Without `dir`, `path` is opened as given, with
-  // O_NOFOLLOW and its directory opened O_NOFOLLOW: a symlink planted as the
-  // file or the checkpoint directory is refused, not followed.
+  // name for messages. Without `dir` or `open_dir`, `path` is opened as
+  // given, with O_NOFOLLOW and its directory opened O_NOFOLLOW: a symlink
+  // planted as the file or the checkpoint directory is refused, not
+  // followed.
   std::string path;
   const StorageDir* dir = nullptr;
   std::string name;
+  // Optional, instead of `dir`: gives the directory to create `name` in,
+  // called once, when the file is about to be created (its first write is
+  // due). An error fails the write; no file was created then.
+  std::function<absl::StatusOr<const StorageDir*>()> open_dir;
   const SafetensorsLayout* layout = nullptr;
   std::vector<uint64_t> remote;   // peer address of each entry's bytes
   std::vector<uint64_t> lengths;  // bytes of each entry
@@ -112,10 +124,11 @@ struct ShardWriteResult {
   uint64_t file_size = 0;
   std::vector<std::vector<uint64_t>> block_xxh3;  // per entry
   // When each phase of the file ended, for the part's log line (how much of
-  // the writing overlapped the staging): every copy complete, the first
-  // write started, the last write complete, the fsync done.
+  // the writing overlapped the staging): every copy enqueued, every copy
+  // complete, the first write started, the last write complete, the fsync
+  // done.
   using Clock = std::chrono::steady_clock;
-  Clock::time_point staged_at, first_write_at, written_at, synced_at;
+  Clock::time_point enqueued_at, staged_at, first_write_at, written_at, synced_at;
 };
 
 class ShardWriter {
@@ -126,10 +139,11 @@ class ShardWriter {
   absl::StatusOr<ShardWriteResult> Write(const ShardWriteRequest& request);
 
  private:
-  // Stages, hashes and writes every window into `fd`; returns once no copy
-  // and no write of the file is in flight, on every path.
-  absl::StatusOr<ShardWriteResult> WriteWindows(const ShardWriteRequest& request,
-                                                int fd);
+  // Stages, hashes and writes every window into the file `file_fd` gives
+  // (creating it on its first call); returns once no copy and no write of
+  // the file is in flight, on every path.
+  absl::StatusOr<ShardWriteResult> WriteWindows(
+      const ShardWriteRequest& request, absl::FunctionRef<absl::StatusOr<int>()> file_fd);
 
   StagingPool* const pool_;
   IoQueue* const queue_;

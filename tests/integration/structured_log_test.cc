@@ -97,16 +97,20 @@ TEST_CASE(
     CHECK(CountMatching(text, with({{"msg", phase}, {"checkpoint", "step-1"}})) == 1);
   }
   CHECK(CountMatching(text, with({{"msg", "session opened"}})) == 1);
-  // The part's writing, phase by phase, in ms from its start.
+  // The part's writing, phase by phase, from its start: the enqueue in
+  // microseconds, the rest in ms.
   int written = 0;
   for (const LogfmtFields& line : lines) {
     if (!Matches(line, with({{"msg", "part written"}, {"checkpoint", "step-1"}}))) continue;
     ++written;
     INFO(Describe(line));
     CHECK(Field(line, "bytes") == "2101248");
-    for (const char* phase : {"staged_ms", "first_write_ms", "written_ms", "synced_ms"}) {
+    for (const char* phase :
+         {"enqueued_us", "staged_ms", "first_write_ms", "written_ms", "synced_ms"}) {
       CHECK_FALSE(Field(line, phase).empty());
     }
+    CHECK(std::stoll(Field(line, "enqueued_us")) / 1000 <=
+          std::stoll(Field(line, "staged_ms")));
     CHECK(std::stoll(Field(line, "staged_ms")) <= std::stoll(Field(line, "synced_ms")));
     CHECK(std::stoll(Field(line, "written_ms")) <= std::stoll(Field(line, "synced_ms")));
   }

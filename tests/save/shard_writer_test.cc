@@ -4,7 +4,9 @@
 // buffer back in the pool and none returned while a write on it was in
 // flight — whether the source, a write, the queue, the ftruncate or the
 // fsync fails, or the save is cancelled; and, under a write rate cap and
-// with a memory-tier image to fill, that neither holds up staging.
+// with a memory-tier image to fill, that neither holds up staging; and that
+// the file is created only when its first write is due, after every copy
+// that completes later (a GPU's) was enqueued.
 #include "save/shard_writer.h"
 
 #include <atomic>
@@ -16,10 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "io/io_queue.h"
 #include "io/rate_limiter.h"
 #include "io/staging_pool.h"
+#include "session/memory_source.h"
 #include "storage/durable_file.h"
+#include "storage/storage_dir.h"
 #include "support/fault_injecting_queue.h"
 #include "support/shard_fixture.h"
 
@@ -290,6 +295,114 @@ TEST_CASE(
   // With every window in the pool, the tier copies wait until STAGED.
   if (pool_holds_file) CHECK(untouched_at_staged);
   CHECK(pool->free_bytes() == pool->pool_bytes());
+}
+
+// Copies that complete only when waited for, the way a GPU's D2H copies
+// complete on their stream later: Enqueue only records the spans, Ready is
+// false until a Wait, and Wait (or Drain) copies everything enqueued up to
+// its ticket from `source`.
+class DeferredCopyOut final : public CopyOutBatch {
+ public:
+  explicit DeferredCopyOut(MemorySource* source) : source_(source) {}
+  absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override {
+    pending_.emplace_back(spans.begin(), spans.end());
+    return ++enqueued_;
+  }
+  absl::StatusOr<bool> Ready(uint64_t ticket) override { return ticket <= completed_; }
+  absl::Status Wait(uint64_t ticket) override {
+    while (completed_ < ticket) {
+      RETURN_IF_ERROR(source_->Read(pending_[completed_]));
+      ++completed_;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AllEnqueued() override {
+    all_enqueued = true;
+    return absl::OkStatus();
+  }
+  absl::Status Drain() override { return Wait(enqueued_); }
+
+  bool all_enqueued = false;
+
+ private:
+  MemorySource* const source_;
+  std::vector<std::vector<CopySpan>> pending_;  // by ticket - 1
+  uint64_t enqueued_ = 0, completed_ = 0;
+};
+
+// The directory the fixture's file goes in, opened.
+StorageDir OpenFixtureDir(const ShardFixture& f) {
+  absl::StatusOr<StorageDir> dir =
+      StorageDir::OpenRoot(f.path().substr(0, f.path().rfind('/')));
+  INFO(dir.status());
+  REQUIRE(dir.ok());
+  return *std::move(dir);
+}
+
+TEST_CASE(
+    "ShardWriter with copies that complete later (a GPU's) and a pool that "
+    "holds the file enqueues every copy before it touches the file system",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  DeferredCopyOut batch(f.memory());
+  StorageDir dir = OpenFixtureDir(f);
+  ShardWriteRequest req = f.WriteRequest();
+  req.name = f.path().substr(f.path().rfind('/') + 1);
+  req.batch = &batch;
+  bool enqueued = false, file_existed_at_enqueue = true;
+  int open_dir_calls = 0;
+  bool dir_opened_after_enqueue = false;
+  req.on_enqueued = [&] {
+    enqueued = true;
+    CHECK(batch.all_enqueued);
+    file_existed_at_enqueue = FileExists(f.path());
+  };
+  req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+    ++open_dir_calls;
+    dir_opened_after_enqueue = enqueued;
+    return &dir;
+  };
+
+  ShardWriter writer(pool.get(), queue.get());
+  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  INFO(result.status());
+  REQUIRE(result.ok());
+  CHECK(enqueued);
+  CHECK_FALSE(file_existed_at_enqueue);
+  CHECK(open_dir_calls == 1);
+  CHECK(dir_opened_after_enqueue);
+  CHECK(result->enqueued_at <= result->staged_at);
+  CHECK(result->staged_at <= result->first_write_at);
+  f.CheckFileMatchesSources(*result);
+  CHECK(pool->free_bytes() == pool->pool_bytes());
+}
+
+TEST_CASE(
+    "ShardWriter whose directory cannot be had when its first write is due "
+    "returns that error, creates no file and has every buffer back",
+    "[shard_io][shard_writer]") {
+  const bool deferred = GENERATE(false, true);
+  INFO("copies complete later: " << deferred);
+  ShardFixture f;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  DeferredCopyOut batch(f.memory());
+  ShardWriteRequest req = f.WriteRequest();
+  req.name = "never.safetensors";
+  if (deferred) req.batch = &batch;
+  int open_dir_calls = 0;
+  req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+    ++open_dir_calls;
+    return absl::FailedPreconditionError("checkpoint directory not ckptd's");
+  };
+
+  ShardWriter writer(f.pool(), queue.get());
+  const absl::Status status = writer.Write(req).status();
+  CHECK(status == absl::FailedPreconditionError("checkpoint directory not ckptd's"));
+  CHECK(open_dir_calls == 1);
+  CheckLeftNoFile(f);
+  CHECK_FALSE(FileExists(f.path().substr(0, f.path().rfind('/') + 1) + req.name));
 }
 
 TEST_CASE(
