@@ -81,68 +81,57 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     MarkStaged(part, /*staged=*/true);
     return open_dir().status();
   }
-  ShardWriter writer(pool_, &queue, file_ops_);
-  ShardWriteProgress before;  // of the files already written
-  // Files are written one after another, and only the last one's copies
-  // are still being enqueued while the trainer waits for copies_enqueued:
-  // the largest goes last, so the trainer waits for the smaller ones (the
-  // replicated small parameters a rank owns) to reach storage, not for it.
-  std::vector<size_t> order(files.size());
-  for (size_t f = 0; f < files.size(); ++f) order[f] = f;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return files[a].layout.file_size < files[b].layout.file_size;
-  });
-  part.results.assign(files.size(), ShardWriteResult());
-  for (size_t k = 0; k < order.size(); ++k) {
-    const size_t f = order[k];
-    const bool last = k + 1 == order.size();
+  // All the part's files in one write: their windows are one stream, so
+  // with a pool that holds the part every copy of every file is enqueued
+  // (the GPU-side STAGED) before any file is written.
+  ShardWriteRequest req;
+  req.files.resize(files.size());
+  // The tier images being filled, kept until the write returns.
+  std::vector<std::shared_ptr<FileImage>> images;
+  for (size_t f = 0; f < files.size(); ++f) {
     const PlannedFile& file = files[f];
-    ShardWriteRequest req;
-    req.name = file.name;
-    req.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
-    req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+    ShardFile& out = req.files[f];
+    out.name = file.name;
+    out.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
+    out.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
       ASSIGN_OR_RETURN(StorageDir * opened, open_dir());
       // A leftover of an earlier, crashed attempt at this checkpoint: only
       // this rank ever writes this name.
       RETURN_IF_ERROR(opened->Unlink(file.name));
       return opened;
     };
-    req.layout = &file.layout;
+    out.layout = &file.layout;
     for (size_t i : file.items) {
-      req.remote.push_back(tensors.remote[i]);
-      req.lengths.push_back(tensors.items[i].memory().length());
+      out.remote.push_back(tensors.remote[i]);
+      out.lengths.push_back(tensors.items[i].memory().length());
     }
-    req.checksum_block_bytes = options_.checksum_block_bytes;
-    req.source = part.session->memory();
-    req.batch = batch.get();
-    req.last_file_of_batch = last;
-    req.cancelled = &part.cancelled;
-    req.limiter = &limiter_;
-    const std::shared_ptr<FileImage> image =
+    std::shared_ptr<FileImage> image =
         tier_->Reserve(cp.job, cp.name, file.name, file.layout.file_size);
-    if (image != nullptr) req.capture = image->data();
-    req.on_progress = [&](const ShardWriteProgress& progress) {
-      SaveProgressBoard::ListenerCalls calls;
-      board_->Update(
-          part.id, /*force=*/false,
-          [&](v1::SaveProgress& p) {
-            p.set_bytes_staged(before.bytes_staged + progress.bytes_staged);
-            p.set_bytes_written(before.bytes_written + progress.bytes_written);
-          },
-          &calls);
-      calls.Run();
-    };
-    if (last) {
-      // The GPU-side STAGED: the trainer's stream may wait on its staged event.
-      req.on_enqueued = [&] { MarkStaged(part, /*staged=*/false); };
-      req.on_staged = [&] { MarkStaged(part, /*staged=*/true); };
-    }
-    ASSIGN_OR_RETURN(ShardWriteResult result, writer.Write(req));
-    before.bytes_staged += result.file_size;
-    before.bytes_written += result.file_size;
-    tensor_bytes_written_ += file.tensor_bytes;
-    part.results[f] = std::move(result);
+    if (image != nullptr) out.capture = image->data();
+    images.push_back(std::move(image));
   }
+  req.checksum_block_bytes = options_.checksum_block_bytes;
+  req.source = part.session->memory();
+  req.batch = batch.get();
+  req.cancelled = &part.cancelled;
+  req.limiter = &limiter_;
+  req.on_progress = [&](const ShardWriteProgress& progress) {
+    SaveProgressBoard::ListenerCalls calls;
+    board_->Update(
+        part.id, /*force=*/false,
+        [&](v1::SaveProgress& p) {
+          p.set_bytes_staged(progress.bytes_staged);
+          p.set_bytes_written(progress.bytes_written);
+        },
+        &calls);
+    calls.Run();
+  };
+  // The GPU-side STAGED: the trainer's stream may wait on its staged event.
+  req.on_enqueued = [&] { MarkStaged(part, /*staged=*/false); };
+  req.on_staged = [&] { MarkStaged(part, /*staged=*/true); };
+  ShardWriter writer(pool_, &queue, file_ops_);
+  ASSIGN_OR_RETURN(part.results, writer.Write(req));
+  for (const PlannedFile& file : files) tensor_bytes_written_ += file.tensor_bytes;
   return absl::OkStatus();
 }
 

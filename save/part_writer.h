@@ -1,13 +1,14 @@
 // PartWriter: writes one rank's part of a checkpoint on an I/O worker.
 //
 // A part is the data files the rank owns under the node plan. Write writes
-// them one after another through a ShardWriter, all their copies in one
-// CopyOutBatch so that the trainer's staged events are recorded once, after
-// the last copy. The checkpoint directory is prepared (once per attempt, by
-// whichever of its parts gets there first) when the part's first file is
-// created, which ShardWriter puts off until that file's first write: after
-// the copies it could enqueue, so that the GPU-side STAGED does not wait
-// for the file system. Each window may also be copied into a MemoryTier
+// them in one ShardWriter call, one stream of windows, all their copies in
+// one CopyOutBatch so that the trainer's staged events are recorded once,
+// after the last copy, and no file's copies wait for another file's writes.
+// The checkpoint directory is prepared (once per attempt, by whichever of
+// its parts gets there first) when the part's first file is created, which
+// ShardWriter puts off until that file's first write: after the copies it
+// could enqueue, so that the GPU-side STAGED does not wait for the file
+// system. Each window may also be copied into a MemoryTier
 // image, after its write. Progress goes to the SaveProgressBoard as it
 // happens: byte counters (throttled), the GPU-side STAGED (copies_enqueued)
 // and STAGED.
@@ -15,10 +16,7 @@
 // Ownership: borrows the store, pool, tier, board and file operations,
 // which outlive it; owns the write rate limiter all writes share (its rate
 // changes live, SetWriteRateLimit). The limiter paces only the writes: a
-// file the pool holds is staged at full speed whatever the cap. A part's
-// files are written one after another, so under a cap the trainer still
-// waits for the writes of the files before its last (the smaller ones,
-// see Write).
+// part the pool holds is staged at full speed whatever the cap.
 // Thread-safety: Write may run on several workers at once (one part each).
 #pragma once
 

@@ -40,8 +40,10 @@ struct Piece {
   uint64_t length;
 };
 
-// A window whose copies are enqueued, not yet hashed and written.
+// A window of file `file` (an index into the request's files) whose copies
+// are enqueued, not yet hashed and written.
 struct StagedWindow {
+  size_t file = 0;
   uint64_t offset = 0, end = 0;
   StagingLease buffer;
   uint64_t ticket = 0;
@@ -50,6 +52,7 @@ struct StagedWindow {
 
 // A hashed window waiting for its turn under the write rate cap.
 struct PacedWrite {
+  size_t file = 0;
   uint64_t offset = 0;
   uint64_t padded = 0;  // bytes to write: the window zero-padded to 4096
   StagingLease buffer;
@@ -58,12 +61,13 @@ struct PacedWrite {
 // A written window whose bytes are still to be copied into the memory-tier
 // image: its buffer stays out of the pool until then.
 struct WrittenWindow {
+  size_t file = 0;
   uint64_t offset = 0;
   uint64_t filled = 0;  // file bytes in the window (no padding)
   StagingLease buffer;
 };
 
-// The staged windows of one file, oldest first, with their buffers. A staged
+// The staged windows of a write, oldest first, with their buffers. A staged
 // buffer may still be the target of copies in flight (a GPU's D2H copies),
 // so whenever windows are left after an error, Discard (also run by the
 // destructor, so that no return path can skip it) first waits for
@@ -72,7 +76,7 @@ struct WrittenWindow {
 // lent to another save while a copy engine may still write them.
 //
 // Ownership: owns the windows and their leases; borrows the batch and the
-// path, which must outlive it. Thread-safety: none.
+// path (for messages), which must outlive it. Thread-safety: none.
 class StagedWindows {
  public:
   StagedWindows(CopyOutBatch* batch, const std::string& path)
@@ -112,9 +116,9 @@ class StagedWindows {
 };
 
 // The directory and name the request's file is created in (see
-// ShardWriteRequest): the given ones, or those of `path`, the directory
-// opened without following a symlink as its last component.
-absl::StatusOr<StorageDir> OpenParent(const ShardWriteRequest& req, std::string* name) {
+// ShardFile): the given ones, or those of `path`, the directory opened
+// without following a symlink as its last component.
+absl::StatusOr<StorageDir> OpenParent(const ShardFile& req, std::string* name) {
   const size_t slash = req.path.rfind('/');
   if (slash == std::string::npos || slash + 1 == req.path.size()) {
     return absl::InvalidArgumentError(
@@ -124,22 +128,39 @@ absl::StatusOr<StorageDir> OpenParent(const ShardWriteRequest& req, std::string*
   return StorageDir::OpenRoot(slash == 0 ? "/" : req.path.substr(0, slash));
 }
 
-// The request's data file, created O_EXCL by the first call to Fd (the
-// first write that needs it), so that nothing before that touches the file
-// system. Ownership: owns the descriptor and a directory it opened itself;
-// borrows the request and the file operations. Thread-safety: none.
+// One data file of the request, created O_EXCL by the first call to Fd
+// (the first write that needs it), so that nothing before that touches the
+// file system, and closed by Finish once it is durable, so that a write of
+// several files holds one data file open at a time. Ownership: owns the
+// descriptor and a directory it opened itself; borrows the file's
+// description and the file operations. Thread-safety: none.
 class LazyDataFile {
  public:
-  LazyDataFile(const ShardWriteRequest& req, FileOps& ops) : req_(req), ops_(ops) {}
+  LazyDataFile(const ShardFile& req, FileOps& ops) : req_(req), ops_(ops) {}
+  LazyDataFile(LazyDataFile&&) = default;
 
   // The file's descriptor, creating the file (and resolving its directory)
   // on the first call. An error is returned again by every later call.
   absl::StatusOr<int> Fd() {
     if (fd_.get() >= 0) return fd_.get();
     if (!error_.ok()) return error_;
+    if (created_) return absl::InternalError(absl::StrCat(req_.path, " is finished"));
     absl::StatusOr<int> created = Create();
     if (!created.ok()) error_ = created.status();
     return created;
+  }
+
+  // Trims the O_DIRECT padding so the file's size is exact, makes it
+  // durable and closes it, both through FileOps (the seam that lets tests
+  // fail either step). Only once no write of it is in flight: an fsync is
+  // not ordered after writes still running.
+  absl::Status Finish() {
+    ASSIGN_OR_RETURN(const int fd, Fd());
+    RETURN_IF_ERROR(ops_.Truncate(fd, req_.layout->file_size, req_.path));
+    RETURN_IF_ERROR(ops_.Fsync(fd, req_.path));
+    CrashPoint("data", "synced");
+    fd_ = UniqueFd();
+    return absl::OkStatus();
   }
 
   // Removes the file if this object created it: a failed Write leaves no
@@ -147,7 +168,8 @@ class LazyDataFile {
   // uncommitted directory is removed whole later; a failure is logged so
   // the leftover can be explained.
   void RemoveIfCreated() {
-    if (fd_.get() < 0) return;
+    if (!created_) return;
+    created_ = false;
     fd_ = UniqueFd();
     const absl::Status removed = dir_->Unlink(name_);
     if (!removed.ok()) LogWarning("remove partial file: ", removed.ToString());
@@ -170,69 +192,82 @@ class LazyDataFile {
     absl::StatusOr<int> opened = ops_.CreateDirect(*dir_, name_);
     if (!opened.ok()) return Annotate(opened.status(), "create data file (O_DIRECT)");
     fd_ = UniqueFd(*opened);
+    created_ = true;
     CrashPoint("data", "created");  // common/crash_point.h: inert unless armed
     return fd_.get();
   }
 
-  const ShardWriteRequest& req_;
+  const ShardFile& req_;
   FileOps& ops_;
   std::optional<StorageDir> own_dir_;
   const StorageDir* dir_ = nullptr;
   std::string name_;
   UniqueFd fd_;
+  bool created_ = false;  // by this object, and not removed since
   absl::Status error_;
 };
 
-}  // namespace
-
-absl::StatusOr<ShardWriteResult> ShardWriter::Write(
-    const ShardWriteRequest& req) {
-  LazyDataFile file(req, file_ops_);
-  absl::StatusOr<ShardWriteResult> result =
-      WriteWindows(req, [&] { return file.Fd(); });
-  if (result.ok()) {
-    // Trim the O_DIRECT padding so the file size is exact, then make it
-    // durable. WriteWindows returned after the last write's completion, so
-    // the fsync covers every write (there was at least one: the header).
-    absl::StatusOr<int> fd = file.Fd();
-    absl::Status durable = fd.status();
-    if (durable.ok()) durable = file_ops_.Truncate(*fd, req.layout->file_size, req.path);
-    if (durable.ok()) durable = file_ops_.Fsync(*fd, req.path);
-    if (durable.ok()) CrashPoint("data", "synced");
-    if (durable.ok()) {
-      result->synced_at = ShardWriteResult::Clock::now();
-      return result;
-    }
-    result = durable;
-  }
-  file.RemoveIfCreated();
-  return result;
-}
-
-absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
-    const ShardWriteRequest& req, absl::FunctionRef<absl::StatusOr<int>()> file_fd) {
-  const SafetensorsLayout& layout = *req.layout;
-  const size_t n_entries = req.remote.size();
+// Stages, hashes and writes every window of the request's files, and
+// finishes each file (LazyDataFile::Finish) once its writes are done,
+// before the next file's first write: windows are written in order, so one
+// file is open at a time. Returns once no copy and no write is in flight,
+// on every path.
+absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
+    const ShardWriteRequest& req, StagingPool* pool, IoQueue* queue,
+    std::vector<LazyDataFile>& data_files) {
+  const size_t n_files = req.files.size();
   std::unique_ptr<CopyOutBatch> own_batch;
   CopyOutBatch* batch = req.batch;
   if (batch == nullptr) {
     ASSIGN_OR_RETURN(own_batch, req.source->BeginCopyOut());
     batch = own_batch.get();
   }
+  const uint64_t window_bytes = pool->buffer_bytes();
+
+  // Per file: its result and where its staging and hashing stand. Windows
+  // are numbered across the files, in order: the number is a write's tag,
+  // from which its file and offset follow.
+  struct FileState {
+    const ShardFile* file = nullptr;
+    uint64_t first_window = 0;  // the number of its first window
+    size_t entry = 0;        // first entry not yet completely hashed
+    size_t stage_entry = 0;  // first entry not yet completely staged
+    ShardWriteResult result;
+  };
+  std::vector<FileState> states(n_files);
+  uint64_t windows = 0;
+  for (size_t f = 0; f < n_files; ++f) {
+    const ShardFile& file = req.files[f];
+    FileState& st = states[f];
+    st.file = &file;
+    st.first_window = windows;
+    st.result.file_size = file.layout->file_size;
+    st.result.block_xxh3.resize(file.remote.size());
+    windows += (file.layout->file_size + window_bytes - 1) / window_bytes;
+  }
+  // Windows are hashed in order, file by file, and a file's last window
+  // finishes all its entries: one hasher serves every file.
+  BlockHasher hasher(req.checksum_block_bytes);
+  // The file and offset of window number `tag`.
+  auto window_of = [&](uint64_t tag) -> std::pair<size_t, uint64_t> {
+    size_t f = n_files - 1;
+    while (states[f].first_window > tag) --f;
+    return {f, (tag - states[f].first_window) * window_bytes};
+  };
+  const std::string& what = req.files.front().path;  // for the staged-buffer log
 
   // Declared after the batch, so destroyed before it: on every return the
   // staged windows' copies and the pipeline's writes have ended before any
   // of their buffers goes back to the pool. The paced and written windows
   // have nothing in flight on their buffers (their copies were waited for
   // before hashing; their writes were reaped).
-  IoPipeline pipeline(queue_);
-  StagedWindows staged(batch, req.path);
+  IoPipeline pipeline(queue);
+  StagedWindows staged(batch, what);
   std::deque<PacedWrite> paced;          // hashed, waiting for their turn
-  std::deque<WrittenWindow> uncaptured;  // written, not yet in req.capture
+  std::deque<WrittenWindow> uncaptured;  // written, not yet in their capture
   ShardWriteProgress progress;
   absl::Status first_error;
   std::vector<IoPipeline::Finished> finished;
-  const uint64_t window_bytes = pool_->buffer_bytes();
 
   // Reaps finished writes, the first failed one kept in first_error. Their
   // buffers go back to the pool, or, with a memory-tier image to fill, to
@@ -243,39 +278,38 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     const absl::Status queue_status =
         block ? pipeline.WaitSome(&finished) : pipeline.Poll(&finished);
     for (IoPipeline::Finished& f : finished) {
-      if (!f.status.ok()) first_error.Update(Annotate(f.status, req.path));
+      const auto [file, offset] = window_of(f.tag);
+      const ShardFile& sf = *states[file].file;
+      if (!f.status.ok()) first_error.Update(Annotate(f.status, sf.path));
       progress.bytes_written += f.bytes;
       DaemonMetrics::Get().written_bytes.Add(f.bytes);
-      if (req.capture != nullptr && f.status.ok()) {
-        // The tag is the window's offset (start_write).
-        const uint64_t end = std::min(f.tag + window_bytes, layout.file_size);
-        uncaptured.push_back({f.tag, end - f.tag, std::move(f.buffer)});
+      if (sf.capture != nullptr && f.status.ok()) {
+        const uint64_t end = std::min(offset + window_bytes, sf.layout->file_size);
+        uncaptured.push_back({file, offset, end - offset, std::move(f.buffer)});
       }
     }
     const bool any = !finished.empty();
     finished.clear();  // the other written buffers go back to the pool
     if (any && req.on_progress) req.on_progress(progress);
-    return Annotate(queue_status, req.path);
+    return Annotate(queue_status, what);
   };
 
-  // Copies the oldest written window into the memory-tier image; its buffer
+  // Copies the oldest written window into its memory-tier image; its buffer
   // then goes back to the pool.
   auto capture_oldest = [&] {
     const WrittenWindow w = std::move(uncaptured.front());
     uncaptured.pop_front();
-    std::memcpy(req.capture + w.offset, w.buffer.data(), w.filled);
+    std::memcpy(states[w.file].file->capture + w.offset, w.buffer.data(), w.filled);
   };
 
-  ShardWriteResult result;
-  result.file_size = layout.file_size;
-  result.block_xxh3.resize(n_entries);
-  BlockHasher hasher(req.checksum_block_bytes);
-  size_t entry = 0;        // first entry not yet completely hashed
-  size_t stage_entry = 0;  // first entry not yet completely staged
-
-  // Enqueues the copies of window [offset, end) into `buffer`.
-  auto stage = [&](uint64_t offset, StagingLease buffer) -> absl::Status {
+  // Enqueues the copies of window [offset, end) of file `file` into `buffer`.
+  auto stage = [&](size_t file, uint64_t offset, StagingLease buffer) -> absl::Status {
+    FileState& st = states[file];
+    const ShardFile& sf = *st.file;
+    const SafetensorsLayout& layout = *sf.layout;
+    const size_t n_entries = sf.remote.size();
     StagedWindow w;
+    w.file = file;
     w.offset = offset;
     w.end = std::min(offset + window_bytes, layout.file_size);
     // The safetensors header occupies the file's first data_start bytes.
@@ -285,27 +319,27 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     }
     // Chunk bytes that fall in this window, in file order.
     std::vector<CopySpan> spans;
-    while (stage_entry < n_entries &&
-           layout.data_start + layout.data_offsets[stage_entry] +
-                   req.lengths[stage_entry] <= offset) {
-      ++stage_entry;
+    while (st.stage_entry < n_entries &&
+           layout.data_start + layout.data_offsets[st.stage_entry] +
+                   sf.lengths[st.stage_entry] <= offset) {
+      ++st.stage_entry;
     }
-    for (size_t e = stage_entry; e < n_entries; ++e) {
+    for (size_t e = st.stage_entry; e < n_entries; ++e) {
       const uint64_t begin = layout.data_start + layout.data_offsets[e];
-      const uint64_t end = begin + req.lengths[e];
+      const uint64_t end = begin + sf.lengths[e];
       if (begin >= w.end) break;
       const uint64_t from = std::max(begin, offset);
       const uint64_t to = std::min(end, w.end);
       if (from >= to) continue;
       char* local = buffer.data() + (from - offset);
-      spans.push_back({req.remote[e] + (from - begin), local, to - from});
+      spans.push_back({sf.remote[e] + (from - begin), local, to - from});
       w.pieces.push_back({e, local, to - from});
     }
     w.buffer = std::move(buffer);
     // Owned by `staged` from here, so every exit path waits for its copies.
     staged.push_back(std::move(w));
     absl::StatusOr<uint64_t> ticket = batch->Enqueue(spans);
-    if (!ticket.ok()) return Annotate(ticket.status(), absl::StrCat("stage ", req.path));
+    if (!ticket.ok()) return Annotate(ticket.status(), absl::StrCat("stage ", sf.path));
     staged.back().ticket = *ticket;
     return absl::OkStatus();
   };
@@ -314,18 +348,22 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
   // write for its turn; the write itself is started by start_due_writes or
   // wait_turn_and_write, never here, so no turn is waited for here.
   auto finish = [&]() -> absl::Status {
+    FileState& st = states[staged.front().file];
+    const ShardFile& sf = *st.file;
     RETURN_IF_ERROR(
-        Annotate(batch->Wait(staged.front().ticket), absl::StrCat("stage ", req.path)));
+        Annotate(batch->Wait(staged.front().ticket), absl::StrCat("stage ", sf.path)));
     StagedWindow done = staged.pop_front();
-    // Hash in file order; an entry is finished when its last byte is here.
+    // Hash in file order (windows are finished in order, file by file); an
+    // entry is finished when its last byte is here.
+    const size_t n_entries = sf.remote.size();
     for (const Piece& p : done.pieces) {
-      while (entry < p.entry) result.block_xxh3[entry++] = hasher.Finish();
+      while (st.entry < p.entry) st.result.block_xxh3[st.entry++] = hasher.Finish();
       hasher.Update(p.data, p.length);
     }
-    while (entry < n_entries &&
-           layout.data_start + layout.data_offsets[entry] + req.lengths[entry] <=
-               done.end) {
-      result.block_xxh3[entry++] = hasher.Finish();
+    while (st.entry < n_entries &&
+           sf.layout->data_start + sf.layout->data_offsets[st.entry] +
+                   sf.lengths[st.entry] <= done.end) {
+      st.result.block_xxh3[st.entry++] = hasher.Finish();
     }
     const uint64_t filled = done.end - done.offset;
     const uint64_t padded = AlignUp(filled);
@@ -333,14 +371,38 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     progress.bytes_staged += filled;
     DaemonMetrics::Get().staged_bytes.Add(filled);
     if (req.on_progress) req.on_progress(progress);
-    paced.push_back({done.offset, padded, std::move(done.buffer)});
+    paced.push_back({done.file, done.offset, padded, std::move(done.buffer)});
     return absl::OkStatus();
   };
 
-  // Starts the oldest paced write; its buffer belongs to the pipeline until
-  // the write's completion is reaped.
+  // The file being written: writes go in order, so every write in flight
+  // is this file's. n_files: none yet.
+  size_t open_file = n_files;
+  // Makes the open file durable and closes it (its writes all reaped).
+  auto finish_open_file = [&]() -> absl::Status {
+    if (open_file == n_files) return absl::OkStatus();
+    RETURN_IF_ERROR(data_files[open_file].Finish());
+    states[open_file].result.synced_at = ShardWriteResult::Clock::now();
+    open_file = n_files;
+    return absl::OkStatus();
+  };
+  // Whether the oldest paced write may start now: the next file's first
+  // write waits until the open file's writes are all reaped (it is finished
+  // first).
+  auto next_write_may_start = [&] {
+    return paced.front().file == open_file || pipeline.unfinished() == 0;
+  };
+
+  // Starts the oldest paced write (finishing the previous file and creating
+  // this one on its first); its buffer belongs to the pipeline until the
+  // write's completion is reaped.
   auto start_write = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(const int fd, file_fd());
+    const size_t file = paced.front().file;
+    if (file != open_file) {
+      RETURN_IF_ERROR(finish_open_file());
+      open_file = file;
+    }
+    ASSIGN_OR_RETURN(const int fd, data_files[file].Fd());
     PacedWrite w = std::move(paced.front());
     paced.pop_front();
     IoRequest write;
@@ -349,26 +411,28 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     write.buffer = w.buffer.data();
     write.length = static_cast<uint32_t>(w.padded);
     write.offset = w.offset;
-    write.tag = w.offset;
+    write.tag = states[file].first_window + w.offset / window_bytes;
+    ShardWriteResult& result = states[file].result;
     if (result.first_write_at == ShardWriteResult::Clock::time_point()) {
       result.first_write_at = ShardWriteResult::Clock::now();
     }
-    return Annotate(pipeline.Start(write, std::move(w.buffer)), req.path);
+    return Annotate(pipeline.Start(write, std::move(w.buffer)), states[file].file->path);
   };
 
-  // Starts, in file order, the paced writes whose turn has come; never
-  // waits for one.
+  // Starts, in order, the paced writes whose turn has come; never waits for
+  // one, nor for the previous file's writes.
   auto start_due_writes = [&]() -> absl::Status {
-    while (!paced.empty() &&
+    while (!paced.empty() && next_write_may_start() &&
            (req.limiter == nullptr || req.limiter->TryAcquire(paced.front().padded))) {
       RETURN_IF_ERROR(start_write());
     }
     return absl::OkStatus();
   };
 
-  // Waits for the oldest paced write's turn and starts it. A cancelled save
-  // stops waiting (a drain's deadline must not wait out a throttled queue)
-  // and ends here: its writes not yet started are never started.
+  // Waits for the oldest paced write's turn and starts it (only once
+  // next_write_may_start). A cancelled save stops waiting (a drain's
+  // deadline must not wait out a throttled queue) and ends here: its writes
+  // not yet started are never started.
   auto wait_turn_and_write = [&]() -> absl::Status {
     if (req.limiter != nullptr &&
         !req.limiter->Acquire(paced.front().padded, req.cancelled)) {
@@ -377,13 +441,13 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     return start_write();
   };
 
-  // Does the most useful step of the file's work other than staging a new
+  // Does the most useful step of the write's work other than staging a new
   // window, for a caller that has no buffer to stage into or nothing left
   // to stage: first what frees a buffer at once (a tier copy of a written
   // window), then what may have to wait for a copy (hashing a staged
   // window), for the disk (reaping our writes in flight) or for the cap (the
   // next paced write's turn). Sets `*idle` when there was nothing of this
-  // file's to do.
+  // write's to do.
   auto advance = [&](bool* idle) -> absl::Status {
     *idle = false;
     if (!uncaptured.empty()) {
@@ -407,11 +471,12 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     return absl::OkStatus();
   };
 
+  ShardWriteResult::Clock::time_point enqueued_at, staged_at;
   bool staged_reported = false;
   auto report_staged = [&] {
     if (staged_reported) return;
     staged_reported = true;
-    result.staged_at = ShardWriteResult::Clock::now();
+    staged_at = ShardWriteResult::Clock::now();
     if (req.on_staged) req.on_staged();
   };
   auto check_cancelled = [&] {
@@ -420,29 +485,36 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     }
   };
 
-  // Stage every window as fast as the pool lends buffers: hashing and
-  // starting writes on the way, but never waiting for a write's turn or a
-  // tier copy while a buffer is free, so STAGED does not wait for the cap
-  // or the memory tier when the pool holds the file.
-  uint64_t next = 0;
-  while (next < layout.file_size && first_error.ok()) {
+  // Stage every window of every file as fast as the pool lends buffers:
+  // hashing and starting writes on the way, but never waiting for a write's
+  // turn or a tier copy while a buffer is free, so STAGED does not wait for
+  // the cap, the tier or an earlier file's writes when the pool holds the
+  // files.
+  size_t next_file = 0;
+  uint64_t next = 0;  // offset in next_file
+  while (next_file < n_files && first_error.ok()) {
     check_cancelled();
     if (!first_error.ok()) break;
-    StagingLease buffer = pool_->TryAcquire();
+    StagingLease buffer = pool->TryAcquire();
     if (!buffer) {
       // Back-pressure: free or wait for one of our own buffers; with
-      // nothing of our own under way, wait for another file's buffer.
+      // nothing of our own under way, wait for another save's buffer.
       bool idle = false;
       first_error.Update(advance(&idle));
       if (!first_error.ok()) break;
       if (!idle) continue;
-      buffer = pool_->Acquire();
+      buffer = pool->Acquire();
     }
-    absl::Status s = stage(next, std::move(buffer));
-    next = std::min(next + window_bytes, layout.file_size);
-    if (s.ok() && next == layout.file_size) {
-      if (req.last_file_of_batch) s = batch->AllEnqueued();
-      if (s.ok()) result.enqueued_at = ShardWriteResult::Clock::now();
+    absl::Status s = stage(next_file, next, std::move(buffer));
+    next = std::min(next + window_bytes, req.files[next_file].layout->file_size);
+    if (next == req.files[next_file].layout->file_size) {
+      ++next_file;
+      next = 0;
+    }
+    const bool all_enqueued = next_file == n_files;
+    if (s.ok() && all_enqueued) {
+      s = batch->AllEnqueued();
+      if (s.ok()) enqueued_at = ShardWriteResult::Clock::now();
       if (s.ok() && req.on_enqueued) req.on_enqueued();
     }
     // Copies that completed at once (host memory) are hashed right away,
@@ -454,7 +526,7 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
       if (!ready.ok()) {
         s = ready.status();
       } else if (*ready) {
-        if (next == layout.file_size) report_staged();
+        if (all_enqueued) report_staged();
         while (s.ok() && !staged.empty()) s = finish();
       }
     }
@@ -465,11 +537,11 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
   // Every copy is complete once the last window's is: that is STAGED.
   if (first_error.ok() && !staged.empty()) {
     first_error = Annotate(batch->Wait(staged.back().ticket),
-                           absl::StrCat("stage ", req.path));
+                           absl::StrCat("stage ", req.files.back().path));
   }
   if (first_error.ok()) report_staged();
   // Then the rest: hash, write each window in its turn, copy it into the
-  // tier image, until nothing of the file is left.
+  // tier image, until nothing is left.
   for (bool idle = false; first_error.ok() && !idle;) {
     check_cancelled();
     if (first_error.ok()) first_error.Update(advance(&idle));
@@ -484,8 +556,33 @@ absl::StatusOr<ShardWriteResult> ShardWriter::WriteWindows(
     first_error.Update(pipeline.Abort());
     return first_error;
   }
-  result.written_at = ShardWriteResult::Clock::now();
-  return result;
+  const ShardWriteResult::Clock::time_point written_at = ShardWriteResult::Clock::now();
+  RETURN_IF_ERROR(finish_open_file());  // the last file
+  std::vector<ShardWriteResult> results;
+  results.reserve(n_files);
+  for (FileState& st : states) {
+    st.result.enqueued_at = enqueued_at;
+    st.result.staged_at = staged_at;
+    st.result.written_at = written_at;
+    results.push_back(std::move(st.result));
+  }
+  return results;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ShardWriteResult>> ShardWriter::Write(
+    const ShardWriteRequest& req) {
+  if (req.files.empty()) return absl::InvalidArgumentError("a write of no file");
+  std::vector<LazyDataFile> files;
+  files.reserve(req.files.size());  // none moves once it may have opened a directory
+  for (const ShardFile& f : req.files) files.emplace_back(f, file_ops_);
+  absl::StatusOr<std::vector<ShardWriteResult>> results =
+      WriteWindows(req, pool_, queue_, files);
+  if (!results.ok()) {
+    for (LazyDataFile& file : files) file.RemoveIfCreated();
+  }
+  return results;
 }
 
 }  // namespace ckpt

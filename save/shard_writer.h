@@ -1,6 +1,10 @@
-// ShardWriter: streams one data file from a peer's memory to storage.
+// ShardWriter: streams a part's data files from a peer's memory to storage.
 //
-// The file is cut into windows of one staging buffer each. Each window goes
+// The files, one after another, are cut into windows of one staging buffer
+// each, one stream of windows for all of them: staging runs ahead across
+// file boundaries, so a part of several files (one per replica set) stages
+// its last file's copies without waiting for its first file's writes. Each
+// window goes
 // through four steps, all on the calling thread:
 //   1. *staged*: borrow a buffer from the pool, put the safetensors header
 //      in it, and enqueue the copy of the chunks' bytes from the peer on a
@@ -12,7 +16,7 @@
 //   3. *written*: once its turn under the write rate cap has come
 //      (RateLimiter), handed to the IoPipeline as an O_DIRECT write at the
 //      window's offset;
-//   4. with a memory-tier image to fill (ShardWriteRequest::capture),
+//   4. with a memory-tier image to fill (ShardFile::capture),
 //      *captured*: copied from the buffer into the image after its write.
 // Staging runs ahead while pool buffers are free: it hashes windows whose
 // copies are already done and starts the writes whose turn has come, but it
@@ -27,18 +31,21 @@
 // memory for checkpoints larger than the pool (every window in any step
 // holds its buffer, and there is no other queue), and what makes the
 // staging of a state larger than the pool follow storage, cap included.
-// The file is created when its first write is due, not before: a window's
+// A file is created when its first write is due, not before: a window's
 // copies are enqueued before it is hashed and written, so when copies
-// complete later (a GPU's) and the pool holds the file, every copy is
-// enqueued (the GPU-side STAGED) before the file system is touched; its
-// directory may even be prepared then (ShardWriteRequest::open_dir). Host
-// copies complete at once, so there the first window's write creates it.
-// Once every write has completed the file is truncated to its exact size
-// and fsynced (an fsync is not ordered after writes still in flight, so it
-// must come after them), both through FileOps, the seam that lets tests
-// fail either step. Any error removes the file: a failed Write leaves no
-// data file behind. Write returns OK only once every window is written and
-// captured.
+// complete later (a GPU's) and the pool holds the files, every copy is
+// enqueued (the GPU-side STAGED) before the file system is touched; the
+// directory may even be prepared then (ShardFile::open_dir). Host copies
+// complete at once, so there a file's first window's write creates it.
+// Windows are written in order, file after file: once every write of a
+// file has completed (before the next file's first write starts; staging
+// does not wait for that) the file is truncated to its exact size, fsynced
+// (an fsync is not ordered after writes still in flight, so it must come
+// after them) and closed, both steps through FileOps, the seam that lets
+// tests fail either. So a write holds one data file open at a time. Any
+// error removes every file the call created: a failed Write leaves no data
+// file behind. Write returns OK only once every window is written and
+// captured and every file synced.
 //
 // Staging buffers are StagingLeases: a staged window holds its lease until
 // its copies are done, a hashed one until its write starts, then the
@@ -60,7 +67,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "format/safetensors_layout.h"
 #include "io/io_queue.h"
@@ -77,7 +83,8 @@ struct ShardWriteProgress {
   uint64_t bytes_written = 0;  // file bytes whose write completed
 };
 
-struct ShardWriteRequest {
+// One data file of a write.
+struct ShardFile {
   // The file to create, O_EXCL: `name` in the open checkpoint directory
   // `dir` (resolved beneath it without symlinks, the way every name under
   // the storage root must be: storage/storage_dir.h), with `path` its full
@@ -95,38 +102,43 @@ struct ShardWriteRequest {
   const SafetensorsLayout* layout = nullptr;
   std::vector<uint64_t> remote;   // peer address of each entry's bytes
   std::vector<uint64_t> lengths;  // bytes of each entry
-  uint64_t checksum_block_bytes = 0;
-  MemorySource* source = nullptr;
-  // Optional: the batch to enqueue copies on (one per save part, shared by
-  // its files); without one the writer makes its own from `source`.
-  CopyOutBatch* batch = nullptr;
-  // This file's last window completes the batch: call batch->AllEnqueued()
-  // after enqueuing it, then on_enqueued.
-  bool last_file_of_batch = true;
-  std::function<void()> on_enqueued;
-  // Once true, the writer stops at its next step (no new window is staged,
-  // no write waits for its turn any more) and Write returns Cancelled,
-  // unless every write of the file had completed already.
-  const std::atomic<bool>* cancelled = nullptr;
-  RateLimiter* limiter = nullptr;  // optional write rate cap
   // Optional: each window is also copied here (a MemoryTier image of at
   // least file_size bytes) after its write, off the staging path; when
   // Write returns OK the image holds the whole file.
   char* capture = nullptr;
-  // Called after each window is staged and after each write completes.
+};
+
+struct ShardWriteRequest {
+  // Written in this order, as one stream of windows (at least one file).
+  std::vector<ShardFile> files;
+  uint64_t checksum_block_bytes = 0;
+  MemorySource* source = nullptr;
+  // Optional: the batch to enqueue copies on (one per save part); without
+  // one the writer makes its own from `source`. After the last window of
+  // the last file is enqueued the writer calls batch->AllEnqueued(), then
+  // on_enqueued.
+  CopyOutBatch* batch = nullptr;
+  std::function<void()> on_enqueued;
+  // Once true, the writer stops at its next step (no new window is staged,
+  // no write waits for its turn any more) and Write returns Cancelled,
+  // unless every write had completed already.
+  const std::atomic<bool>* cancelled = nullptr;
+  RateLimiter* limiter = nullptr;  // optional write rate cap
+  // Called after each window is staged and after each write completes,
+  // with the bytes of all the files so far.
   std::function<void(const ShardWriteProgress&)> on_progress;
-  // Called once, when every source byte is in a staging buffer (its copy
-  // complete).
+  // Called once, when every source byte of every file is in a staging
+  // buffer (its copy complete).
   std::function<void()> on_staged;
 };
 
 struct ShardWriteResult {
   uint64_t file_size = 0;
   std::vector<std::vector<uint64_t>> block_xxh3;  // per entry
-  // When each phase of the file ended, for the part's log line (how much of
-  // the writing overlapped the staging): every copy enqueued, every copy
-  // complete, the first write started, the last write complete, the fsync
-  // done.
+  // When each phase ended, for the part's log line (how much of the writing
+  // overlapped the staging): every copy of the write enqueued and complete
+  // (the same for all its files), this file's first write started, the
+  // write's last write complete, this file's fsync done.
   using Clock = std::chrono::steady_clock;
   Clock::time_point enqueued_at, staged_at, first_write_at, written_at, synced_at;
 };
@@ -136,14 +148,10 @@ class ShardWriter {
   ShardWriter(StagingPool* pool, IoQueue* queue,
               FileOps& file_ops = DefaultFileOps())
       : pool_(pool), queue_(queue), file_ops_(file_ops) {}
-  absl::StatusOr<ShardWriteResult> Write(const ShardWriteRequest& request);
+  // One result per file of the request, in its order.
+  absl::StatusOr<std::vector<ShardWriteResult>> Write(const ShardWriteRequest& request);
 
  private:
-  // Stages, hashes and writes every window into the file `file_fd` gives
-  // (creating it on its first call); returns once no copy and no write of
-  // the file is in flight, on every path.
-  absl::StatusOr<ShardWriteResult> WriteWindows(
-      const ShardWriteRequest& request, absl::FunctionRef<absl::StatusOr<int>()> file_fd);
 
   StagingPool* const pool_;
   IoQueue* const queue_;

@@ -287,7 +287,7 @@ TEST_CASE(
   ShardWriteRequest write = f.WriteRequest();
   write.checksum_block_bytes = largest;
   ShardWriter writer(f.pool(), pwrite.get());
-  const absl::StatusOr<ShardWriteResult> written = writer.Write(write);
+  const absl::StatusOr<ShardWriteResult> written = testing::WriteOne(writer, write);
   INFO(written.status());
   REQUIRE(written.ok());
   FaultInjectingQueue queue(kQueueDepth);

@@ -4,9 +4,11 @@
 // buffer back in the pool and none returned while a write on it was in
 // flight — whether the source, a write, the queue, the ftruncate or the
 // fsync fails, or the save is cancelled; and, under a write rate cap and
-// with a memory-tier image to fill, that neither holds up staging; and that
+// with a memory-tier image to fill, that neither holds up staging; that
 // the file is created only when its first write is due, after every copy
-// that completes later (a GPU's) was enqueued.
+// that completes later (a GPU's) was enqueued; and that several files are
+// one stream of windows, staged without waiting for each other's writes,
+// written and finished one at a time.
 #include "save/shard_writer.h"
 
 #include <atomic>
@@ -39,6 +41,7 @@ using ::ckpt::testing::FaultName;
 using ::ckpt::testing::FileExists;
 using ::ckpt::testing::ReadWholeFile;
 using ::ckpt::testing::ShardFixture;
+using ::ckpt::testing::WriteOne;
 
 constexpr uint32_t kBufferBytes = ShardFixture::kBufferBytes;
 constexpr uint64_t kPoolBytes = ShardFixture::kPoolBytes;
@@ -78,7 +81,7 @@ TEST_CASE(
   req.on_progress = [&](const ShardWriteProgress& p) { seen.push_back(p); };
 
   ShardWriter writer(f.pool(), queue.get());
-  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  absl::StatusOr<ShardWriteResult> result = WriteOne(writer, req);
   INFO(result.status());
   REQUIRE(result.ok());
 
@@ -215,13 +218,13 @@ TEST_CASE(
   CheckLeftNoFile(f);
 }
 
-// A pool that holds the whole of the fixture's file, with buffers of the
-// fixture's size, so that nothing but the cap or the tier could hold
-// staging up.
-std::unique_ptr<StagingPool> PoolHoldingTheFile(const ShardFixture& f) {
+// A pool that holds the whole of the fixture's file (`copies` times), with
+// buffers of the fixture's size, so that nothing but the cap or the tier
+// could hold staging up.
+std::unique_ptr<StagingPool> PoolHoldingTheFile(const ShardFixture& f, int copies = 1) {
   const uint64_t windows = (f.layout().file_size + kBufferBytes - 1) / kBufferBytes;
   absl::StatusOr<std::unique_ptr<StagingPool>> pool =
-      StagingPool::Create((windows + 2) * kBufferBytes, kBufferBytes);
+      StagingPool::Create((copies * windows + 2) * kBufferBytes, kBufferBytes);
   INFO(pool.status());
   REQUIRE(pool.ok());
   return std::move(pool).value();
@@ -248,7 +251,7 @@ TEST_CASE(
   };
 
   ShardWriter writer(pool.get(), queue.get());
-  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  absl::StatusOr<ShardWriteResult> result = WriteOne(writer, req);
   INFO(result.status());
   REQUIRE(result.ok());
   REQUIRE(at_staged.has_value());
@@ -279,7 +282,7 @@ TEST_CASE(
   std::string image(f.layout().file_size, kUntouched);
   ShardWriteRequest req = f.WriteRequest();
   req.limiter = &limiter;
-  req.capture = image.data();
+  req.files[0].capture = image.data();
   bool untouched_at_staged = false;
   req.on_staged = [&] {
     untouched_at_staged =
@@ -287,7 +290,7 @@ TEST_CASE(
   };
 
   ShardWriter writer(pool, queue.get());
-  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  absl::StatusOr<ShardWriteResult> result = WriteOne(writer, req);
   INFO(result.status());
   REQUIRE(result.ok());
   f.CheckFileMatchesSources(*result);
@@ -349,7 +352,7 @@ TEST_CASE(
   DeferredCopyOut batch(f.memory());
   StorageDir dir = OpenFixtureDir(f);
   ShardWriteRequest req = f.WriteRequest();
-  req.name = f.path().substr(f.path().rfind('/') + 1);
+  req.files[0].name = f.path().substr(f.path().rfind('/') + 1);
   req.batch = &batch;
   bool enqueued = false, file_existed_at_enqueue = true;
   int open_dir_calls = 0;
@@ -359,14 +362,14 @@ TEST_CASE(
     CHECK(batch.all_enqueued);
     file_existed_at_enqueue = FileExists(f.path());
   };
-  req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+  req.files[0].open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
     ++open_dir_calls;
     dir_opened_after_enqueue = enqueued;
     return &dir;
   };
 
   ShardWriter writer(pool.get(), queue.get());
-  absl::StatusOr<ShardWriteResult> result = writer.Write(req);
+  absl::StatusOr<ShardWriteResult> result = WriteOne(writer, req);
   INFO(result.status());
   REQUIRE(result.ok());
   CHECK(enqueued);
@@ -389,10 +392,10 @@ TEST_CASE(
   std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
   DeferredCopyOut batch(f.memory());
   ShardWriteRequest req = f.WriteRequest();
-  req.name = "never.safetensors";
+  req.files[0].name = "never.safetensors";
   if (deferred) req.batch = &batch;
   int open_dir_calls = 0;
-  req.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+  req.files[0].open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
     ++open_dir_calls;
     return absl::FailedPreconditionError("checkpoint directory not ckptd's");
   };
@@ -402,7 +405,79 @@ TEST_CASE(
   CHECK(status == absl::FailedPreconditionError("checkpoint directory not ckptd's"));
   CHECK(open_dir_calls == 1);
   CheckLeftNoFile(f);
-  CHECK_FALSE(FileExists(f.path().substr(0, f.path().rfind('/') + 1) + req.name));
+  CHECK_FALSE(FileExists(f.path().substr(0, f.path().rfind('/') + 1) + req.files[0].name));
+}
+
+// The fixture's file written under two names in one request.
+ShardWriteRequest TwoFileRequest(ShardFixture& f, std::string* first, std::string* second) {
+  const std::string dir = f.path().substr(0, f.path().rfind('/') + 1);
+  *first = dir + "first.safetensors";
+  *second = dir + "second.safetensors";
+  ShardWriteRequest req = f.WriteRequest();
+  req.files = {f.File(*first), f.File(*second)};
+  return req;
+}
+
+TEST_CASE(
+    "ShardWriter writes several files as one stream: with copies that complete "
+    "later and a pool that holds them all, every copy of every file is "
+    "enqueued before the first file is created, and each file is exact",
+    "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f, 2);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  DeferredCopyOut batch(f.memory());
+  std::string first, second;
+  ShardWriteRequest req = TwoFileRequest(f, &first, &second);
+  req.batch = &batch;
+  bool enqueued = false, any_file_at_enqueue = true;
+  req.on_enqueued = [&] {
+    enqueued = true;
+    any_file_at_enqueue = FileExists(first) || FileExists(second);
+  };
+  std::vector<ShardWriteProgress> seen;
+  req.on_progress = [&](const ShardWriteProgress& p) { seen.push_back(p); };
+
+  ShardWriter writer(pool.get(), queue.get());
+  absl::StatusOr<std::vector<ShardWriteResult>> results = writer.Write(req);
+  INFO(results.status());
+  REQUIRE(results.ok());
+  CHECK(enqueued);
+  CHECK_FALSE(any_file_at_enqueue);
+  REQUIRE(results->size() == 2);
+  f.CheckFileMatchesSources((*results)[0], first);
+  f.CheckFileMatchesSources((*results)[1], second);
+  // Progress counts the bytes of both files.
+  REQUIRE(!seen.empty());
+  CHECK(seen.back().bytes_staged == 2 * f.layout().file_size);
+  CHECK(pool->free_bytes() == pool->pool_bytes());
+}
+
+TEST_CASE(
+    "ShardWriter whose second file cannot be created removes the first one it "
+    "wrote, whatever the copies and the pool",
+    "[shard_io][shard_writer]") {
+  const bool deferred = GENERATE(false, true);
+  INFO("copies complete later (and the pool holds both): " << deferred);
+  ShardFixture f;
+  std::unique_ptr<StagingPool> big_pool = PoolHoldingTheFile(f, 2);
+  StagingPool* pool = deferred ? big_pool.get() : f.pool();
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  DeferredCopyOut batch(f.memory());
+  std::string first, second;
+  ShardWriteRequest req = TwoFileRequest(f, &first, &second);
+  if (deferred) req.batch = &batch;
+  {
+    std::ofstream out(second, std::ios::binary);
+    out << "precious";  // not the writer's: O_EXCL refuses it
+  }
+
+  ShardWriter writer(pool, queue.get());
+  const absl::Status status = writer.Write(req).status();
+  CHECK(status.code() == absl::StatusCode::kAlreadyExists);
+  CHECK_FALSE(FileExists(first));
+  CHECK(ReadWholeFile(second) == "precious");
+  CHECK(pool->free_bytes() == pool->pool_bytes());
 }
 
 TEST_CASE(
@@ -469,7 +544,7 @@ TEST_CASE(
   FailingDataFileOps ops(fail);
 
   ShardWriter writer(f.pool(), queue.get(), ops);
-  absl::StatusOr<ShardWriteResult> result = writer.Write(f.WriteRequest());
+  absl::StatusOr<ShardWriteResult> result = WriteOne(writer, f.WriteRequest());
 
   CHECK(ops.truncated_to == f.layout().file_size);
   if (fail == Step::kNone) {
@@ -484,6 +559,68 @@ TEST_CASE(
   CHECK(ops.calls.back() == fail);
   CHECK(ops.calls.size() == (fail == Step::kTruncate ? 1u : 2u));
   CheckLeftNoFile(f);
+}
+
+// Records the data-file steps, in order, as "create NAME", "trim PATH",
+// "fsync PATH"; fails the fsync of `fail_fsync_of` (a path) if set.
+class RecordingDataFileOps final : public FileOps {
+ public:
+  std::vector<std::string> steps;
+  std::string fail_fsync_of;
+
+  absl::StatusOr<int> CreateDirect(const StorageDir& dir, const std::string& name) override {
+    steps.push_back("create " + name);
+    return FileOps::CreateDirect(dir, name);
+  }
+  absl::Status Truncate(int fd, uint64_t size, const std::string& path) override {
+    steps.push_back("trim " + path);
+    return FileOps::Truncate(fd, size, path);
+  }
+  absl::Status Fsync(int fd, const std::string& path) override {
+    steps.push_back("fsync " + path);
+    if (path == fail_fsync_of) return absl::DataLossError("injected fsync failure");
+    return FileOps::Fsync(fd, path);
+  }
+};
+
+TEST_CASE(
+    "ShardWriter writing several files trims and fsyncs each before it creates "
+    "the next, so one data file is open at a time, and a failing fsync of the "
+    "first leaves neither",
+    "[shard_io][shard_writer]") {
+  const bool deferred = GENERATE(false, true);
+  const bool fail_first = GENERATE(false, true);
+  INFO("copies complete later (and the pool holds both): " << deferred
+                                                           << ", first fsync fails: "
+                                                           << fail_first);
+  ShardFixture f;
+  std::unique_ptr<StagingPool> big_pool = PoolHoldingTheFile(f, 2);
+  StagingPool* pool = deferred ? big_pool.get() : f.pool();
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  DeferredCopyOut batch(f.memory());
+  std::string first, second;
+  ShardWriteRequest req = TwoFileRequest(f, &first, &second);
+  if (deferred) req.batch = &batch;
+  RecordingDataFileOps ops;
+  if (fail_first) ops.fail_fsync_of = first;
+
+  ShardWriter writer(pool, queue.get(), ops);
+  const absl::Status status = writer.Write(req).status();
+  auto name = [](const std::string& path) { return path.substr(path.rfind('/') + 1); };
+  if (fail_first) {
+    CHECK(status == absl::DataLossError("injected fsync failure"));
+    CHECK(ops.steps == std::vector<std::string>{"create " + name(first), "trim " + first,
+                                                "fsync " + first});
+    CHECK_FALSE(FileExists(first));
+    CHECK_FALSE(FileExists(second));
+  } else {
+    INFO(status);
+    REQUIRE(status.ok());
+    CHECK(ops.steps == std::vector<std::string>{"create " + name(first), "trim " + first,
+                                                "fsync " + first, "create " + name(second),
+                                                "trim " + second, "fsync " + second});
+  }
+  CHECK(pool->free_bytes() == pool->pool_bytes());
 }
 
 }  // namespace

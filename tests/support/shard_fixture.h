@@ -104,6 +104,16 @@ inline const char* FaultName(Fault fault) {
                                       : "the queue's Reap fails";
 }
 
+// The result of a write of one file (the request must have one).
+inline absl::StatusOr<ShardWriteResult> WriteOne(ShardWriter& writer,
+                                                 const ShardWriteRequest& req) {
+  REQUIRE(req.files.size() == 1);
+  absl::StatusOr<std::vector<ShardWriteResult>> results = writer.Write(req);
+  if (!results.ok()) return results.status();
+  REQUIRE(results->size() == 1);
+  return std::move(results->front());
+}
+
 class ShardFixture {
  public:
   static constexpr uint32_t kBufferBytes = 64 * 1024;
@@ -167,15 +177,23 @@ class ShardFixture {
     return 0;
   }
 
-  ShardWriteRequest WriteRequest() {
-    ShardWriteRequest req;
-    req.path = path_;
-    req.layout = &layout_;
+  // The fixture's file, at `path` (the fixture's own by default).
+  ShardFile File(const std::string& path = "") const {
+    ShardFile file;
+    file.path = path.empty() ? path_ : path;
+    file.layout = &layout_;
     for (const std::string& s : sources_) {
       // An empty std::string's data() is still a valid address.
-      req.remote.push_back(AddressOf(s.data()));
-      req.lengths.push_back(s.size());
+      file.remote.push_back(AddressOf(s.data()));
+      file.lengths.push_back(s.size());
     }
+    return file;
+  }
+
+  // A write of the fixture's one file.
+  ShardWriteRequest WriteRequest() {
+    ShardWriteRequest req;
+    req.files.push_back(File());
     req.checksum_block_bytes = kBlockBytes;
     req.source = &memory_;
     return req;
@@ -184,7 +202,7 @@ class ShardFixture {
   // Writes the shard or fails the test.
   ShardWriteResult WriteOrFail(IoQueue* queue) {
     ShardWriter writer(pool(), queue);
-    absl::StatusOr<ShardWriteResult> result = writer.Write(WriteRequest());
+    absl::StatusOr<ShardWriteResult> result = WriteOne(writer, WriteRequest());
     INFO(result.status());
     REQUIRE(result.ok());
     return *std::move(result);
@@ -233,12 +251,16 @@ class ShardFixture {
     return reader.Read(ReadAllRequest(written, out));
   }
 
-  // The file holds exactly the header and the sources' bytes, `result`
-  // their block checksums, and every buffer is back in the pool.
-  void CheckFileMatchesSources(const ShardWriteResult& result) {
+  // The file (the fixture's, or `path`) holds exactly the header and the
+  // sources' bytes, `result` their block checksums, and every buffer is
+  // back in the pool.
+  void CheckFileMatchesSources(const ShardWriteResult& result,
+                               const std::string& path = "") {
+    const std::string& at = path.empty() ? path_ : path;
+    INFO("file " << at);
     CHECK(result.file_size == layout_.file_size);
-    CHECK(FileSize(path_) == layout_.file_size);
-    const std::string file = ReadWholeFile(path_);
+    CHECK(FileSize(at) == layout_.file_size);
+    const std::string file = ReadWholeFile(at);
     REQUIRE(file.size() == layout_.file_size);
     CHECK(file.compare(0, layout_.data_start, layout_.header) == 0);
     REQUIRE(result.block_xxh3.size() == entries_.size());
