@@ -18,9 +18,10 @@
 // open. (CUDA regions hold none: the daemon closes each shareable handle
 // and event page once it has imported or mapped it.) A trainer's gRPC
 // connection is one of max_connections. An I/O worker holds at most
-// kDescriptorsPerWorker = 4: its io_uring, the data file it writes or
-// reads, that checkpoint's directory, and one small file of a task (a
-// manifest, COMMIT, LATEST, a marker). kDescriptorMargin = 256 covers the
+// kDescriptorsPerWorker = 7: its io_uring, the data files it writes
+// (kMaxOpenDataFiles = 4, save/shard_writer.h) or the one it reads, that
+// checkpoint's directory, and one small file of a task (a manifest,
+// COMMIT, LATEST, a marker). kDescriptorMargin = 256 covers the
 // rest, none of which grows with load: the two listeners and their
 // eventfds, the storage root and the two lock files, stdio, gRPC's own
 // epoll and wake-up descriptors per completion queue, and the nested
@@ -28,7 +29,7 @@
 // levels deep).
 //
 // With the defaults (1024 sessions, 4096 connections, 8 workers) that is
-// 1024 * 6 + 4096 + 8 * 4 + 256 = 10,528; systemd's default hard limit is
+// 1024 * 6 + 4096 + 8 * 7 + 256 = 10,552; systemd's default hard limit is
 // 524,288 (deploy/ckptd.service sets 65,536).
 //
 // Thread-safety: call once, at start, before any thread opens files.
@@ -38,11 +39,12 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/daemon_options.h"
+#include "save/shard_writer.h"
 
 namespace ckpt {
 
 inline constexpr uint64_t kDescriptorsPerSession = 6;
-inline constexpr uint64_t kDescriptorsPerWorker = 4;
+inline constexpr uint64_t kDescriptorsPerWorker = 3 + kMaxOpenDataFiles;
 inline constexpr uint64_t kDescriptorMargin = 256;
 
 // The open-files limit `options` needs (the sum above).

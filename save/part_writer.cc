@@ -93,11 +93,11 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
     ShardFile& out = req.files[f];
     out.name = file.name;
     out.path = absl::StrCat(store_->CheckpointDir(cp.job, cp.name), "/", file.name);
-    out.open_dir = [&]() -> absl::StatusOr<const StorageDir*> {
+    out.open_dir = [&open_dir, name = file.name]() -> absl::StatusOr<const StorageDir*> {
       ASSIGN_OR_RETURN(StorageDir * opened, open_dir());
       // A leftover of an earlier, crashed attempt at this checkpoint: only
       // this rank ever writes this name.
-      RETURN_IF_ERROR(opened->Unlink(file.name));
+      RETURN_IF_ERROR(opened->Unlink(name));
       return opened;
     };
     out.layout = &file.layout;

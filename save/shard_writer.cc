@@ -130,8 +130,7 @@ absl::StatusOr<StorageDir> OpenParent(const ShardFile& req, std::string* name) {
 
 // One data file of the request, created O_EXCL by the first call to Fd
 // (the first write that needs it), so that nothing before that touches the
-// file system, and closed by Finish once it is durable, so that a write of
-// several files holds one data file open at a time. Ownership: owns the
+// file system, and closed by Finish once it is durable. Ownership: owns the
 // descriptor and a directory it opened itself; borrows the file's
 // description and the file operations. Thread-safety: none.
 class LazyDataFile {
@@ -207,11 +206,10 @@ class LazyDataFile {
   absl::Status error_;
 };
 
-// Stages, hashes and writes every window of the request's files, and
-// finishes each file (LazyDataFile::Finish) once its writes are done,
-// before the next file's first write: windows are written in order, so one
-// file is open at a time. Returns once no copy and no write is in flight,
-// on every path.
+// Stages, hashes and writes every window of the request's files, then
+// finishes each file (LazyDataFile::Finish); at most kMaxOpenDataFiles are
+// open at a time. Returns once no copy and no write is in flight, on every
+// path.
 absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
     const ShardWriteRequest& req, StagingPool* pool, IoQueue* queue,
     std::vector<LazyDataFile>& data_files) {
@@ -375,32 +373,38 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
     return absl::OkStatus();
   };
 
-  // The file being written: writes go in order, so every write in flight
-  // is this file's. n_files: none yet.
-  size_t open_file = n_files;
-  // Makes the open file durable and closes it (its writes all reaped).
-  auto finish_open_file = [&]() -> absl::Status {
-    if (open_file == n_files) return absl::OkStatus();
-    RETURN_IF_ERROR(data_files[open_file].Finish());
-    states[open_file].result.synced_at = ShardWriteResult::Clock::now();
-    open_file = n_files;
+  // Files created and not yet finished, oldest first. A file is finished
+  // (trimmed, fsynced, closed) once everything is written, not when its
+  // last write completes: an fsync takes milliseconds, and staging must not
+  // wait for one. Only a write of more than kMaxOpenDataFiles files
+  // finishes its oldest early, to stay within the descriptors it may hold.
+  std::deque<size_t> open_files;
+  // Finishes the oldest open file; only once none of its writes is in
+  // flight (pipeline.unfinished() == 0 here: writes go in order).
+  auto finish_oldest_file = [&]() -> absl::Status {
+    const size_t file = open_files.front();
+    RETURN_IF_ERROR(data_files[file].Finish());
+    states[file].result.synced_at = ShardWriteResult::Clock::now();
+    open_files.pop_front();
     return absl::OkStatus();
   };
-  // Whether the oldest paced write may start now: the next file's first
-  // write waits until the open file's writes are all reaped (it is finished
-  // first).
+  // Whether the oldest paced write may start now: a file's first write
+  // that must first finish the oldest open file waits until no write is in
+  // flight.
   auto next_write_may_start = [&] {
-    return paced.front().file == open_file || pipeline.unfinished() == 0;
+    const size_t file = paced.front().file;
+    const bool created = !open_files.empty() && open_files.back() == file;
+    return created || open_files.size() < kMaxOpenDataFiles || pipeline.unfinished() == 0;
   };
 
-  // Starts the oldest paced write (finishing the previous file and creating
-  // this one on its first); its buffer belongs to the pipeline until the
-  // write's completion is reaped.
+  // Starts the oldest paced write (creating its file on its first, after
+  // finishing the oldest open file if as many as may be are open); its
+  // buffer belongs to the pipeline until the write's completion is reaped.
   auto start_write = [&]() -> absl::Status {
     const size_t file = paced.front().file;
-    if (file != open_file) {
-      RETURN_IF_ERROR(finish_open_file());
-      open_file = file;
+    if (open_files.empty() || open_files.back() != file) {
+      if (open_files.size() >= kMaxOpenDataFiles) RETURN_IF_ERROR(finish_oldest_file());
+      open_files.push_back(file);
     }
     ASSIGN_OR_RETURN(const int fd, data_files[file].Fd());
     PacedWrite w = std::move(paced.front());
@@ -557,7 +561,7 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
     return first_error;
   }
   const ShardWriteResult::Clock::time_point written_at = ShardWriteResult::Clock::now();
-  RETURN_IF_ERROR(finish_open_file());  // the last file
+  while (!open_files.empty()) RETURN_IF_ERROR(finish_oldest_file());
   std::vector<ShardWriteResult> results;
   results.reserve(n_files);
   for (FileState& st : states) {

@@ -37,15 +37,16 @@
 // enqueued (the GPU-side STAGED) before the file system is touched; the
 // directory may even be prepared then (ShardFile::open_dir). Host copies
 // complete at once, so there a file's first window's write creates it.
-// Windows are written in order, file after file: once every write of a
-// file has completed (before the next file's first write starts; staging
-// does not wait for that) the file is truncated to its exact size, fsynced
-// (an fsync is not ordered after writes still in flight, so it must come
-// after them) and closed, both steps through FileOps, the seam that lets
-// tests fail either. So a write holds one data file open at a time. Any
-// error removes every file the call created: a failed Write leaves no data
-// file behind. Write returns OK only once every window is written and
-// captured and every file synced.
+// Windows are written in order, file after file. Once every write has
+// completed each file is truncated to its exact size, fsynced (an fsync is
+// not ordered after writes still in flight, so it must come after them)
+// and closed, both steps through FileOps, the seam that lets tests fail
+// either; not earlier, because an fsync takes milliseconds and staging must
+// not wait for one. A write holds at most kMaxOpenDataFiles data files
+// open: one of more files finishes its oldest early, once no write is in
+// flight, before it creates the next. Any error removes every file the call
+// created: a failed Write leaves no data file behind. Write returns OK only
+// once every window is written and captured and every file synced.
 //
 // Staging buffers are StagingLeases: a staged window holds its lease until
 // its copies are done, a hashed one until its write starts, then the
@@ -77,6 +78,12 @@
 #include "storage/storage_dir.h"
 
 namespace ckpt {
+
+// Data files one Write holds open at most (daemon/open_files_limit.h counts
+// them per I/O worker). A rank owns one file per replica set it is in:
+// rarely more than three (a Megatron rank's TP-replicated norms, its TP
+// shard, its distributed-optimizer shard).
+inline constexpr size_t kMaxOpenDataFiles = 4;
 
 struct ShardWriteProgress {
   uint64_t bytes_staged = 0;   // file bytes filled into staging buffers

@@ -11,6 +11,7 @@
 // written and finished one at a time.
 #include "save/shard_writer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -408,13 +409,26 @@ TEST_CASE(
   CHECK_FALSE(FileExists(f.path().substr(0, f.path().rfind('/') + 1) + req.files[0].name));
 }
 
-// The fixture's file written under two names in one request.
-ShardWriteRequest TwoFileRequest(ShardFixture& f, std::string* first, std::string* second) {
+// The fixture's file written under `n` names (first, second, file-2, ...)
+// in one request; their paths in `paths`.
+ShardWriteRequest ManyFileRequest(ShardFixture& f, size_t n, std::vector<std::string>* paths) {
   const std::string dir = f.path().substr(0, f.path().rfind('/') + 1);
-  *first = dir + "first.safetensors";
-  *second = dir + "second.safetensors";
   ShardWriteRequest req = f.WriteRequest();
-  req.files = {f.File(*first), f.File(*second)};
+  req.files.clear();
+  paths->clear();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string name = i == 0 ? "first" : i == 1 ? "second" : "file-" + std::to_string(i);
+    paths->push_back(dir + name + ".safetensors");
+    req.files.push_back(f.File(paths->back()));
+  }
+  return req;
+}
+
+ShardWriteRequest TwoFileRequest(ShardFixture& f, std::string* first, std::string* second) {
+  std::vector<std::string> paths;
+  ShardWriteRequest req = ManyFileRequest(f, 2, &paths);
+  *first = paths[0];
+  *second = paths[1];
   return req;
 }
 
@@ -584,41 +598,56 @@ class RecordingDataFileOps final : public FileOps {
 };
 
 TEST_CASE(
-    "ShardWriter writing several files trims and fsyncs each before it creates "
-    "the next, so one data file is open at a time, and a failing fsync of the "
-    "first leaves neither",
+    "ShardWriter writing several files trims and fsyncs them after every write, "
+    "holds at most kMaxOpenDataFiles open, and a failing fsync of the first "
+    "leaves none",
     "[shard_io][shard_writer]") {
   const bool deferred = GENERATE(false, true);
+  const size_t n_files = GENERATE(size_t{2}, kMaxOpenDataFiles + 2);
   const bool fail_first = GENERATE(false, true);
-  INFO("copies complete later (and the pool holds both): " << deferred
-                                                           << ", first fsync fails: "
-                                                           << fail_first);
+  INFO("copies complete later (and the pool holds all): " << deferred << ", files: "
+                                                          << n_files << ", first fsync fails: "
+                                                          << fail_first);
   ShardFixture f;
-  std::unique_ptr<StagingPool> big_pool = PoolHoldingTheFile(f, 2);
+  std::unique_ptr<StagingPool> big_pool = PoolHoldingTheFile(f, static_cast<int>(n_files));
   StagingPool* pool = deferred ? big_pool.get() : f.pool();
   std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
   DeferredCopyOut batch(f.memory());
-  std::string first, second;
-  ShardWriteRequest req = TwoFileRequest(f, &first, &second);
+  std::vector<std::string> paths;
+  ShardWriteRequest req = ManyFileRequest(f, n_files, &paths);
   if (deferred) req.batch = &batch;
   RecordingDataFileOps ops;
-  if (fail_first) ops.fail_fsync_of = first;
+  if (fail_first) ops.fail_fsync_of = paths[0];
 
   ShardWriter writer(pool, queue.get(), ops);
-  const absl::Status status = writer.Write(req).status();
+  const absl::StatusOr<std::vector<ShardWriteResult>> results = writer.Write(req);
   auto name = [](const std::string& path) { return path.substr(path.rfind('/') + 1); };
+  // Open files: created and not yet fsynced (a file is closed after its fsync).
+  size_t open = 0, most_open = 0;
+  for (const std::string& step : ops.steps) {
+    if (step.rfind("create ", 0) == 0) most_open = std::max(most_open, ++open);
+    if (step.rfind("fsync ", 0) == 0) --open;
+  }
+  CHECK(most_open <= kMaxOpenDataFiles);
   if (fail_first) {
-    CHECK(status == absl::DataLossError("injected fsync failure"));
-    CHECK(ops.steps == std::vector<std::string>{"create " + name(first), "trim " + first,
-                                                "fsync " + first});
-    CHECK_FALSE(FileExists(first));
-    CHECK_FALSE(FileExists(second));
+    CHECK(results.status() == absl::DataLossError("injected fsync failure"));
+    for (const std::string& path : paths) CHECK_FALSE(FileExists(path));
   } else {
-    INFO(status);
-    REQUIRE(status.ok());
-    CHECK(ops.steps == std::vector<std::string>{"create " + name(first), "trim " + first,
-                                                "fsync " + first, "create " + name(second),
-                                                "trim " + second, "fsync " + second});
+    INFO(results.status());
+    REQUIRE(results.ok());
+    REQUIRE(results->size() == n_files);
+    for (size_t i = 0; i < n_files; ++i) f.CheckFileMatchesSources((*results)[i], paths[i]);
+  }
+  if (n_files == 2) {
+    // Both created before either is finished: no fsync while staging.
+    std::vector<std::string> expected = {"create " + name(paths[0]),
+                                         "create " + name(paths[1]), "trim " + paths[0],
+                                         "fsync " + paths[0]};
+    if (!fail_first) {
+      expected.push_back("trim " + paths[1]);
+      expected.push_back("fsync " + paths[1]);
+    }
+    CHECK(ops.steps == expected);
   }
   CHECK(pool->free_bytes() == pool->pool_bytes());
 }
