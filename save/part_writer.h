@@ -8,10 +8,9 @@
 // its parts gets there first) when the part's first file is created, which
 // ShardWriter puts off until that file's first write: after the copies it
 // could enqueue, so that the GPU-side STAGED does not wait for the file
-// system. Each window may also be copied into a MemoryTier
-// image, after its write. Progress goes to the SaveProgressBoard as it
-// happens: byte counters (throttled), the GPU-side STAGED (copies_enqueued)
-// and STAGED.
+// system. Each window may also be copied into a MemoryTier image, after its
+// write. Progress goes to the SaveProgressBoard as it happens: byte
+// counters (throttled), the GPU-side STAGED (copies_enqueued) and STAGED.
 //
 // Ownership: borrows the store, pool, tier, board and file operations,
 // which outlive it; owns the write rate limiter all writes share (its rate

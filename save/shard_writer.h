@@ -4,8 +4,7 @@
 // each, one stream of windows for all of them: staging runs ahead across
 // file boundaries, so a part of several files (one per replica set) stages
 // its last file's copies without waiting for its first file's writes. Each
-// window goes
-// through four steps, all on the calling thread:
+// window goes through four steps, all on the calling thread:
 //   1. *staged*: borrow a buffer from the pool, put the safetensors header
 //      in it, and enqueue the copy of the chunks' bytes from the peer on a
 //      CopyOutBatch (for host memory, preads of the peer's bound memory
