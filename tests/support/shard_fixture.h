@@ -296,4 +296,25 @@ class ShardFixture {
   MemorySource* destination_ = &memory_;  // where reads deliver
 };
 
+// What a failed or cancelled write of the fixture's file must leave: no
+// file (not even a partial one) and every staging buffer back in the pool.
+inline void CheckLeftNoFile(ShardFixture& f) {
+  CHECK_FALSE(FileExists(f.path()));
+  CHECK(f.pool()->free_bytes() == ShardFixture::kPoolBytes);
+}
+
+// A pool that holds the whole of the fixture's file (`copies` times), with
+// buffers of the fixture's size, so that nothing but the cap or the tier
+// could hold staging up.
+inline std::unique_ptr<StagingPool> PoolHoldingTheFile(const ShardFixture& f,
+                                                       int copies = 1) {
+  constexpr uint64_t kBuffer = ShardFixture::kBufferBytes;
+  const uint64_t windows = (f.layout().file_size + kBuffer - 1) / kBuffer;
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool =
+      StagingPool::Create((copies * windows + 2) * kBuffer, kBuffer);
+  INFO(pool.status());
+  REQUIRE(pool.ok());
+  return std::move(pool).value();
+}
+
 }  // namespace ckpt::testing
