@@ -41,7 +41,6 @@ using ::ckpt::testing::ShardFixture;
 using ::ckpt::testing::WriteOne;
 
 constexpr uint32_t kBufferBytes = ShardFixture::kBufferBytes;
-constexpr uint64_t kPoolBytes = ShardFixture::kPoolBytes;
 constexpr uint32_t kQueueDepth = ShardFixture::kQueueDepth;
 
 TEST_CASE(
