@@ -159,10 +159,13 @@ class PackageTest(unittest.TestCase):
     def test_a_second_save_reuses_the_layout_and_keeps_its_own_bytes(self):
         client = self.client("two-saves")
         sd = state(2)
-        client.save("a", sd).wait_staged()  # the memory may change now
+        first_save = client.save("a", sd)
+        first_save.wait_staged()  # the memory may change now
         first = sd["model.w"].clone()
         sd["model.w"].add_(1)
         client.save("b", sd).wait_committed()
+        # Saves commit independently: "b" may commit before "a" does.
+        first_save.wait_committed()
         self.assertEqual(len(client._layouts), 1)
         for name, want in (("a", first), ("b", first + 1)):
             zero(sd)
