@@ -1,14 +1,16 @@
 // ckpt-gpu-bench: the GPU path against the hardware, in one run.
 //
 //   ckpt-gpu-bench --socket S [--bytes N] [--tensors T] [--allocations A]
-//                  [--saves K] [--restores R] [--job J]
+//                  [--saves K] [--restores R] [--job J] [--device cuda|simulated]
 //
-// This process is one trainer rank on CUDA device 0 with N bytes of state in
-// A cudaMalloc allocations holding T tensors in all (the layout is defined
-// once). It first measures the device's own limits with plain pinned
-// cudaMemcpyAsync (D2H and H2D of N bytes, pinned host memory), then saves K
-// times through the daemon at S (which must run with --gpu=cuda, a staging
-// pool of at least N and a memory tier that holds a checkpoint): before each
+// This process is one trainer rank on device 0 with N bytes of state in A
+// device allocations holding T tensors in all (the layout is defined once).
+// It first measures the device's own limits: with CUDA, plain pinned
+// cudaMemcpyAsync (D2H and H2D of N bytes, pinned host memory); on the
+// simulated device (gpu/, where the copy engine is memcpy), memcpy of the
+// same bytes. Then it saves K times through the daemon at S (which must run
+// with the same --gpu kind, a staging pool of at least N and a memory tier
+// that holds a checkpoint): before each
 // save the "training step" rewrites every byte on the stream; the save call
 // records the ready event; WaitStagedOnStream returns once the daemon has
 // enqueued its copies. Reported per save after the first (handles opened):
@@ -22,6 +24,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/ckpt_client.h"
+#include "integration/test_gpu.h"
 
 namespace {
 
@@ -43,6 +48,7 @@ struct Args {
   uint32_t allocations = 4;
   uint32_t saves = 10;
   uint32_t restores = 5;
+  std::string device = "cuda";  // or "simulated"
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -78,6 +84,7 @@ Args Parse(int argc, char** argv) {
     else if (flag == "--allocations") ok = absl::SimpleAtoi(value, &a.allocations);
     else if (flag == "--saves") ok = absl::SimpleAtoi(value, &a.saves);
     else if (flag == "--restores") ok = absl::SimpleAtoi(value, &a.restores);
+    else if (flag == "--device") a.device = value;
     else Die(absl::StrCat("unknown flag ", flag));
     if (!ok) Die(absl::StrCat("bad value for ", flag, ": ", value));
   }
@@ -126,6 +133,50 @@ double PinnedCopyRate(const std::vector<char*>& device, uint64_t per_allocation,
   return best;
 }
 
+// The simulated device's copy engine is memcpy: GB/s of `bytes` copied
+// between the allocations and a host buffer of the same size, best of 3.
+double MemcpyRate(const std::vector<char*>& device, uint64_t per_allocation,
+                  bool to_host) {
+  std::vector<char> host(per_allocation * device.size(), 1);  // touched
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    for (size_t a = 0; a < device.size(); ++a) {
+      char* h = host.data() + a * per_allocation;
+      to_host ? std::memcpy(h, device[a], per_allocation)
+              : std::memcpy(device[a], h, per_allocation);
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, host.size() / s / 1e9);
+  }
+  return best;
+}
+
+// The device's own D2H and H2D rates for these allocations.
+std::pair<double, double> BaselineRates(ckpt::testing::TestGpu& gpu,
+                                        const std::vector<char*>& device,
+                                        uint64_t per_allocation) {
+  if (gpu.kind() != "cuda") {
+    return {MemcpyRate(device, per_allocation, true),
+            MemcpyRate(device, per_allocation, false)};
+  }
+  auto stream = static_cast<cudaStream_t>(gpu.stream());
+  char* pinned = nullptr;
+  Check(cudaMallocHost(reinterpret_cast<void**>(&pinned), per_allocation * device.size()),
+        "cudaMallocHost");
+  const double d2h = PinnedCopyRate(device, per_allocation, pinned, true, stream);
+  const double h2d = PinnedCopyRate(device, per_allocation, pinned, false, stream);
+  Check(cudaFreeHost(pinned), "cudaFreeHost");
+  return {d2h, h2d};
+}
+
+std::string DeviceName(ckpt::testing::TestGpu& gpu) {
+  if (gpu.kind() != "cuda") return gpu.kind();
+  cudaDeviceProp prop{};
+  Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return prop.name;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,28 +186,26 @@ int main(int argc, char** argv) {
   const uint64_t per_allocation = tensor_bytes * per_alloc_tensors;
   const uint64_t total = per_allocation * args.allocations;
 
-  Check(cudaSetDevice(0), "cudaSetDevice");
-  cudaDeviceProp prop{};
-  Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  cudaStream_t stream;
-  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // The CUDA kind uses device 0 (cuda_test_gpu.cc).
+  std::unique_ptr<ckpt::testing::TestGpu> gpu =
+      CheckOk(ckpt::testing::MakeTestGpu(args.device), "device");
+  const std::string device_name = DeviceName(*gpu);
   std::vector<char*> device(args.allocations);
   for (char*& d : device) {
-    Check(cudaMalloc(reinterpret_cast<void**>(&d), per_allocation), "cudaMalloc");
+    d = reinterpret_cast<char*>(CheckOk(gpu->Allocate(per_allocation), "Allocate"));
+    CheckOk(gpu->Fill(reinterpret_cast<uint64_t>(d), 1, per_allocation), "Fill");
   }
+  CheckOk(gpu->Synchronize(absl::Minutes(1)), "Synchronize");
 
   // The hardware's own limit, same bytes, same allocations.
-  char* pinned = nullptr;
-  Check(cudaMallocHost(reinterpret_cast<void**>(&pinned), total), "cudaMallocHost");
-  for (char* d : device) Check(cudaMemsetAsync(d, 1, per_allocation, stream), "memset");
-  const double d2h_baseline = PinnedCopyRate(device, per_allocation, pinned, true, stream);
-  const double h2d_baseline = PinnedCopyRate(device, per_allocation, pinned, false, stream);
-  Check(cudaFreeHost(pinned), "cudaFreeHost");
-  std::fprintf(stderr, "pinned cudaMemcpyAsync: D2H %.2f GB/s, H2D %.2f GB/s\n",
-               d2h_baseline, h2d_baseline);
+  const auto [d2h_baseline, h2d_baseline] = BaselineRates(*gpu, device, per_allocation);
+  std::fprintf(stderr, "%s: D2H %.2f GB/s, H2D %.2f GB/s\n",
+               gpu->kind() == "cuda" ? "pinned cudaMemcpyAsync" : "memcpy", d2h_baseline,
+               h2d_baseline);
 
   auto client = CheckOk(ckpt::Client::Connect({.socket = args.socket, .job = args.job,
-                                               .rank = 0, .world_size = 1}),
+                                               .rank = 0, .world_size = 1,
+                                               .gpu = gpu->trainer()}),
                         "connect");
   google::protobuf::RepeatedPtrField<ckpt::v1::TensorItem> items;
   for (uint32_t a = 0; a < args.allocations; ++a) {
@@ -182,7 +231,9 @@ int main(int argc, char** argv) {
   for (uint32_t s = 1; s <= args.saves; ++s) {
     // The training step: every byte rewritten, on the stream.
     for (char* d : device) {
-      Check(cudaMemsetAsync(d, static_cast<int>(s), per_allocation, stream), "memset");
+      CheckOk(gpu->Fill(reinterpret_cast<uint64_t>(d), static_cast<uint8_t>(s),
+                        per_allocation),
+              "Fill");
     }
     ckpt::v1::SaveRequest request;
     request.set_job(args.job);
@@ -190,9 +241,9 @@ int main(int argc, char** argv) {
     request.set_checkpoint(last);
     request.set_layout_id(layout);
     const auto t0 = Clock::now();
-    auto save = CheckOk(client->Save(request, stream), "Save");
+    auto save = CheckOk(client->Save(request, gpu->stream()), "Save");
     const auto t1 = Clock::now();
-    CheckOk(save->WaitStagedOnStream(stream), "WaitStagedOnStream");
+    CheckOk(save->WaitStagedOnStream(gpu->stream()), "WaitStagedOnStream");
     const auto t2 = Clock::now();
     CheckOk(save->WaitStaged(), "WaitStaged");
     const ckpt::v1::SaveProgress p = save->progress();
@@ -211,14 +262,17 @@ int main(int argc, char** argv) {
     blocked_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
     d2h_gbps.push_back(total / staged_s / 1e9);
   }
-  Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  CheckOk(gpu->Synchronize(absl::Minutes(1)), "Synchronize");
 
   std::vector<double> h2d_gbps;
   std::string source;
   bool verified = true;
   std::vector<char> sample(4096);
   for (uint32_t r = 0; r < args.restores; ++r) {
-    for (char* d : device) Check(cudaMemset(d, 0, per_allocation), "memset");
+    for (char* d : device) {
+      CheckOk(gpu->Fill(reinterpret_cast<uint64_t>(d), 0, per_allocation), "Fill");
+    }
+    CheckOk(gpu->Synchronize(absl::Minutes(1)), "Synchronize");
     ckpt::v1::LoadRequest request;
     request.set_job(args.job);
     request.set_checkpoint(last);
@@ -232,8 +286,9 @@ int main(int argc, char** argv) {
                  total / s / 1e9, source.c_str());
     for (char* d : device) {
       for (uint64_t at : {uint64_t{0}, per_allocation - sample.size()}) {
-        Check(cudaMemcpy(sample.data(), d + at, sample.size(), cudaMemcpyDeviceToHost),
-              "cudaMemcpy");
+        CheckOk(gpu->Download(reinterpret_cast<uint64_t>(d + at), sample.data(),
+                              sample.size()),
+                "Download");
         for (char c : sample) verified &= c == static_cast<char>(args.saves);
       }
     }
@@ -250,12 +305,12 @@ int main(int argc, char** argv) {
       "\"d2h_gbps_median\":%.2f,\"d2h_gbps\":[%s],\"d2h_pinned_baseline_gbps\":%.2f,"
       "\"d2h_ratio\":%.3f,\"restore_h2d_gbps_median\":%.2f,\"restore_h2d_gbps\":[%s],"
       "\"h2d_pinned_baseline_gbps\":%.2f,\"restore_source\":\"%s\",\"verified\":%s}\n",
-      prop.name, static_cast<unsigned long long>(total), args.tensors, args.allocations,
+      device_name.c_str(), static_cast<unsigned long long>(total), args.tensors, args.allocations,
       args.saves, Median(call_ms), Percentile(call_ms, 0.99), Median(blocked_ms),
       *std::max_element(blocked_ms.begin(), blocked_ms.end()), Median(d2h_gbps),
       list(d2h_gbps).c_str(), d2h_baseline, Median(d2h_gbps) / d2h_baseline,
       Median(h2d_gbps), list(h2d_gbps).c_str(), h2d_baseline, source.c_str(),
       verified ? "true" : "false");
-  for (char* d : device) cudaFree(d);
+  for (char* d : device) CheckOk(gpu->Free(reinterpret_cast<uint64_t>(d)), "Free");
   return verified ? 0 : 1;
 }

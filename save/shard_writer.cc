@@ -300,6 +300,11 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
     std::memcpy(states[w.file].file->capture + w.offset, w.buffer.data(), w.filled);
   };
 
+  // The window's spans and pieces are gathered here, so that staging a
+  // window (which a GPU save's CPU-side STAGED waits for, hundreds of times
+  // per save) allocates once, not as the vectors grow.
+  std::vector<CopySpan> spans;
+  std::vector<Piece> pieces;
   // Enqueues the copies of window [offset, end) of file `file` into `buffer`.
   auto stage = [&](size_t file, uint64_t offset, StagingLease buffer) -> absl::Status {
     FileState& st = states[file];
@@ -316,7 +321,8 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
       std::memcpy(buffer.data(), layout.header.data() + offset, n);
     }
     // Chunk bytes that fall in this window, in file order.
-    std::vector<CopySpan> spans;
+    spans.clear();
+    pieces.clear();
     while (st.stage_entry < n_entries &&
            layout.data_start + layout.data_offsets[st.stage_entry] +
                    sf.lengths[st.stage_entry] <= offset) {
@@ -331,8 +337,9 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
       if (from >= to) continue;
       char* local = buffer.data() + (from - offset);
       spans.push_back({sf.remote[e] + (from - begin), local, to - from});
-      w.pieces.push_back({e, local, to - from});
+      pieces.push_back({e, local, to - from});
     }
+    w.pieces.assign(pieces.begin(), pieces.end());
     w.buffer = std::move(buffer);
     // Owned by `staged` from here, so every exit path waits for its copies.
     staged.push_back(std::move(w));

@@ -137,6 +137,7 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
       released_.emplace_back(old.address, old.address + old.length);
       replaced.push_back(std::move(it->second));
       it = live_.erase(it);
+      releases_.fetch_add(1, std::memory_order_release);
     } else {
       ++it;
     }
@@ -153,6 +154,7 @@ void GpuRegions::Release(uint64_t id) {
     released_.emplace_back(it->first, it->first + it->second->length);
     gone = std::move(it->second);
     live_.erase(it);
+    releases_.fetch_add(1, std::memory_order_release);
     break;
   }
 }
@@ -167,6 +169,7 @@ void GpuRegions::ReleaseAll() {
     }
     live.swap(live_);
     events.swap(events_);
+    releases_.fetch_add(1, std::memory_order_release);
   }
   // Mappings and events are closed here, outside the lock, once no copy in
   // flight holds them.

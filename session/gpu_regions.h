@@ -18,6 +18,7 @@
 // Thread-safety: safe for concurrent use.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,6 +50,11 @@ struct GpuRegion {
   uint64_t Translate(uint64_t remote) const {
     return mapping->address() + (remote - address);
   }
+  // Whether [remote, remote + bytes) lies in the region.
+  bool Holds(uint64_t remote, uint64_t bytes) const {
+    return remote >= address && remote - address <= length &&
+           bytes <= length - (remote - address);
+  }
 };
 
 // Regions whose copies never ended: copies may still run against them, and
@@ -77,6 +83,12 @@ class GpuRegions {
   absl::StatusOr<std::shared_ptr<const GpuRegion>> Find(uint64_t address,
                                                         uint64_t length) const;
 
+  // How many regions were released so far. A region Find returned is
+  // still live while this has not changed since before that Find, so a
+  // caller may keep using it for later spans without asking again (a save
+  // enqueues thousands of spans, most of them in the region of the last).
+  uint64_t releases() const { return releases_.load(std::memory_order_acquire); }
+
   // Synchronous copies of spans that all lie in GPU regions (restore).
   absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host);
 
@@ -99,6 +111,8 @@ class GpuRegions {
   std::map<uint64_t, std::shared_ptr<const GpuRegion>> live_ ABSL_GUARDED_BY(mu_);
   // [begin, end) of released regions, so later references fail clearly.
   std::vector<std::pair<uint64_t, uint64_t>> released_ ABSL_GUARDED_BY(mu_);
+  // Bumped (under mu_) whenever a region leaves live_; read without it.
+  std::atomic<uint64_t> releases_{0};
   // The trainer's events, opened once per handle (a trainer uses one pair
   // per device for all its regions).
   std::map<std::string, std::shared_ptr<GpuEvent>> events_ ABSL_GUARDED_BY(mu_);

@@ -52,44 +52,62 @@ absl::StatusOr<uint64_t> PeerCopyOut::Enqueue(absl::Span<const CopySpan> spans) 
   return ticket;
 }
 
+absl::StatusOr<const GpuRegion*> PeerCopyOut::RegionOf(const CopySpan& span) {
+  // Read before the lookup: a release after it shows as a change.
+  const uint64_t releases = regions_->releases();
+  if (last_found_ != nullptr && releases == last_found_releases_ &&
+      last_found_->Holds(span.remote, span.length)) {
+    return last_found_;
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
+                   regions_->Find(span.remote, span.length));
+  if (region == nullptr) return nullptr;
+  last_found_ = region.get();
+  last_found_releases_ = releases;
+  if (std::find(held_.begin(), held_.end(), region) == held_.end()) {
+    held_.push_back(std::move(region));
+  }
+  return last_found_;
+}
+
 absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> spans) {
   std::vector<CopySpan> host;
   const uint64_t ticket = ++tickets_;
   for (const CopySpan& s : spans) {
-    ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region,
-                     regions_->Find(s.remote, s.length));
+    ASSIGN_OR_RETURN(const GpuRegion* region, RegionOf(s));
     if (region == nullptr) {
       host.push_back(s);
       continue;
     }
     ASSIGN_OR_RETURN(DeviceQueue * q, Queue(region->device));
-    if (std::find(q->waited.begin(), q->waited.end(), region->ready.get()) ==
-        q->waited.end()) {
-      // Every copy from this region waits for the trainer's last write.
-      RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
-      q->waited.push_back(region->ready.get());
+    // Every copy from a region waits for the trainer's last write, and its
+    // staged event is recorded after the batch's last copy. A region that
+    // was q->last_region has both already.
+    if (region != q->last_region) {
+      if (std::find(q->waited.begin(), q->waited.end(), region->ready.get()) ==
+          q->waited.end()) {
+        RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
+        q->waited.push_back(region->ready.get());
+      }
+      q->staged.insert(region->staged.get());
     }
-    q->staged.insert(region->staged.get());
     const GpuCopy copy{region->Translate(s.remote), s.local, s.length};
     GpuCopy* last = q->unsubmitted.empty() ? nullptr : &q->unsubmitted.back();
     // Adjacent tensors of one allocation going to one staging buffer are
     // one copy. Never across allocations (two mappings may lie back to back
     // in this process) or buffers (they may lie in different pinned
     // registrations): a copy must stay inside one of each.
-    if (last != nullptr && q->last_region == region.get() && q->last_ticket == ticket &&
+    if (last != nullptr && q->last_region == region && q->last_ticket == ticket &&
         last->device + last->length == copy.device &&
         last->host + last->length == copy.host) {
       last->length += copy.length;
     } else {
       q->unsubmitted.push_back(copy);
-      q->last_region = region.get();
+      q->last_region = region;
       q->last_ticket = ticket;
     }
     unsubmitted_bytes_ += s.length;
     last_gpu_ticket_ = ticket;
-    if (std::find(held_.begin(), held_.end(), region) == held_.end()) {
-      held_.push_back(std::move(region));
-    }
   }
   if (unsubmitted_bytes_ >= kSubmitBytes) RETURN_IF_ERROR(Submit());
   if (!host.empty()) RETURN_IF_ERROR(host_->Read(host));

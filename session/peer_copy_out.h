@@ -75,6 +75,9 @@ class PeerCopyOut final : public CopyOutBatch {
     std::vector<std::unique_ptr<GpuFence>> fences;
   };
   absl::StatusOr<DeviceQueue*> Queue(int device);
+  // The live GPU region that holds `span`, held until the batch ends;
+  // nullptr for host memory.
+  absl::StatusOr<const GpuRegion*> RegionOf(const CopySpan& span);
   absl::StatusOr<uint64_t> EnqueueCopies(absl::Span<const CopySpan> spans);
   // Hands the unsubmitted copies to their streams.
   absl::Status Submit();
@@ -90,6 +93,11 @@ class PeerCopyOut final : public CopyOutBatch {
   uint64_t tickets_ = 0;
   std::map<int, DeviceQueue> devices_;
   std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read
+  // The region the last lookup found (one of held_), and GpuRegions'
+  // releases() before that lookup: while that is unchanged the region is
+  // still live, and a span inside it needs no lookup.
+  const GpuRegion* last_found_ = nullptr;
+  uint64_t last_found_releases_ = 0;
   std::vector<Pending> pending_;  // in ticket order
   uint64_t unsubmitted_bytes_ = 0;
   uint64_t last_gpu_ticket_ = 0;  // the last ticket with GPU copies

@@ -1,0 +1,197 @@
+// PeerCopyOut's region lookups on the simulated device, in this process: a
+// save's spans mostly lie in the region of the span before, which the batch
+// reuses without asking GpuRegions again, but never once that region was
+// released or replaced (invariant 13: a save never reads an allocation the
+// trainer freed or replaced).
+#include "session/peer_copy_out.h"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/simulated_runtime.h"
+#include "gpu/simulated_trainer_gpu.h"
+#include "gpu/simulated_test_support.h"
+#include "io/staging_pool.h"
+#include "session/gpu_backend.h"
+#include "session/gpu_regions.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::At;
+using ::ckpt::testing::Bytes;
+using ::ckpt::testing::Mismatch;
+using ::ckpt::testing::Pattern;
+using ::ckpt::testing::TakeOwnFd;
+
+constexpr uint64_t kRegionBytes = 16 * 4096;
+constexpr uint64_t kSpan = 4096;
+
+// The trainer (SimulatedTrainerGpu) and the daemon's regions, in one
+// process: the daemon takes the trainer's fds with dup.
+struct Fixture {
+  SimulatedTrainerGpu trainer;
+  SimulatedStream trainer_stream;
+  std::unique_ptr<StagingPool> pool;
+  std::unique_ptr<GpuBackend> backend;
+  std::unique_ptr<GpuRegions> regions;
+
+  Fixture() {
+    absl::StatusOr<std::unique_ptr<StagingPool>> p = StagingPool::Create(2 << 20, 1 << 20);
+    REQUIRE(p.ok());
+    pool = *std::move(p);
+    absl::StatusOr<std::unique_ptr<GpuBackend>> b = GpuBackend::Open("simulated", pool.get());
+    REQUIRE(b.ok());
+    backend = *std::move(b);
+    regions = std::make_unique<GpuRegions>(backend.get(), TakeOwnFd, absl::Seconds(20));
+  }
+
+  // Allocates kRegionBytes at `at` (0: anywhere) filled with `bytes`; its
+  // address.
+  uint64_t Allocate(const std::string& bytes, uint64_t at = 0) {
+    absl::StatusOr<uint64_t> address = trainer.Allocate(kRegionBytes, 0, at);
+    REQUIRE(address.ok());
+    std::memcpy(At(*address), bytes.data(), kRegionBytes);
+    return *address;
+  }
+
+  // Registers [address, address + kRegionBytes) as region `id`, as
+  // Client::RegisterGpu does.
+  void Register(uint64_t id, uint64_t address) {
+    absl::StatusOr<GpuRegionExport> exported = trainer.Export(address, kRegionBytes);
+    REQUIRE(exported.ok());
+    absl::StatusOr<GpuEventHandles> events = trainer.Events(exported->device_uuid);
+    REQUIRE(events.ok());
+    v1::CudaRegion cuda;
+    cuda.set_address(address);
+    cuda.set_length(kRegionBytes);
+    cuda.set_device_uuid(exported->device_uuid);
+    for (const GpuPiece& piece : exported->pieces) {
+      v1::CudaAllocation* a = cuda.add_pieces();
+      a->set_peer_fd(piece.handle.peer_fd);
+      a->set_allocation_bytes(piece.allocation_bytes);
+      a->set_offset(piece.offset);
+      a->set_length(piece.length);
+    }
+    cuda.mutable_ready_event()->set_peer_fd(events->ready.peer_fd);
+    cuda.mutable_staged_event()->set_peer_fd(events->staged.peer_fd);
+    const absl::Status added = regions->Add(id, cuda);
+    INFO(added.ToString());
+    REQUIRE(added.ok());
+  }
+
+  // The trainer's last write is done: its ready event, on its stream.
+  void RecordReady() {
+    REQUIRE(trainer.RecordReady(SimulatedDeviceUuid(0), &trainer_stream).ok());
+  }
+
+  // Copies land in the staging pool, which the backend registered with the
+  // device (the simulated device refuses unregistered host memory too).
+  StagingLease Buffer() {
+    StagingLease lease = pool->TryAcquire();
+    REQUIRE(lease);
+    return lease;
+  }
+
+  std::unique_ptr<PeerCopyOut> Batch() {
+    return std::make_unique<PeerCopyOut>(/*host=*/nullptr, regions.get(),
+                                         [] { return absl::OkStatus(); });
+  }
+};
+
+// Enqueues `spans`, records the staged events and waits for the copies.
+void CopyAll(PeerCopyOut& batch, const std::vector<CopySpan>& spans) {
+  absl::StatusOr<uint64_t> ticket = batch.Enqueue(spans);
+  INFO(ticket.status().ToString());
+  REQUIRE(ticket.ok());
+  const absl::Status enqueued = batch.AllEnqueued();
+  INFO(enqueued.ToString());
+  REQUIRE(enqueued.ok());
+  const absl::Status waited = batch.Wait(*ticket);
+  INFO(waited.ToString());
+  REQUIRE(waited.ok());
+}
+
+TEST_CASE("spans alternating between two regions are each copied from their own",
+          "[gpu][session]") {
+  Fixture f;
+  const std::string a_bytes = Pattern(kRegionBytes, 1);
+  const std::string b_bytes = Pattern(kRegionBytes, 2);
+  const uint64_t a = f.Allocate(a_bytes);
+  const uint64_t b = f.Allocate(b_bytes);
+  f.Register(1, a);
+  f.Register(2, b);
+  f.RecordReady();
+  StagingLease lease = f.Buffer();
+  char* out = lease.data();
+  // a, a (the region of the span before), b, a again.
+  const std::vector<CopySpan> spans = {{a, out, kSpan},
+                                       {a + 5 * kSpan, out + kSpan, kSpan},
+                                       {b + 2 * kSpan, out + 2 * kSpan, kSpan},
+                                       {a + 9 * kSpan, out + 3 * kSpan, kSpan}};
+  std::unique_ptr<PeerCopyOut> batch = f.Batch();
+  CopyAll(*batch, spans);
+  const std::string expected = a_bytes.substr(0, kSpan) + a_bytes.substr(5 * kSpan, kSpan) +
+                               b_bytes.substr(2 * kSpan, kSpan) +
+                               a_bytes.substr(9 * kSpan, kSpan);
+  CHECK(Mismatch(std::string(out, 4 * kSpan), expected).empty());
+}
+
+TEST_CASE("a save's later span is refused when it runs past the end of the region "
+          "of the span before, or when that region was released meanwhile",
+          "[gpu][session]") {
+  Fixture f;
+  const uint64_t a = f.Allocate(Pattern(kRegionBytes, 1));
+  f.Register(1, a);
+  f.RecordReady();
+  StagingLease lease = f.Buffer();
+  char* out = lease.data();
+  std::unique_ptr<PeerCopyOut> batch = f.Batch();
+  REQUIRE(batch->Enqueue(std::vector<CopySpan>{{a, out, kSpan}}).ok());
+  SECTION("past the end") {
+    absl::StatusOr<uint64_t> past = batch->Enqueue(
+        std::vector<CopySpan>{{a + kRegionBytes - kSpan, out, 2 * kSpan}});
+    CHECK(past.status().code() == absl::StatusCode::kOutOfRange);
+  }
+  SECTION("released") {
+    f.regions->Release(1);
+    absl::StatusOr<uint64_t> after = batch->Enqueue(
+        std::vector<CopySpan>{{a + kSpan, out + kSpan, kSpan}});
+    CHECK(after.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(after.status().message().find("released region") != absl::string_view::npos);
+  }
+  CHECK(batch->Drain().ok());
+}
+
+TEST_CASE("after the trainer re-allocates a region's memory at the same address and "
+          "registers it again, a save's later spans read the new allocation",
+          "[gpu][session]") {
+  Fixture f;
+  const std::string old_bytes = Pattern(kRegionBytes, 1);
+  const std::string new_bytes = Pattern(kRegionBytes, 2);
+  const uint64_t a = f.Allocate(old_bytes);
+  f.Register(1, a);
+  f.RecordReady();
+  StagingLease lease = f.Buffer();
+  char* out = lease.data();
+  std::unique_ptr<PeerCopyOut> batch = f.Batch();
+  absl::StatusOr<uint64_t> first =
+      batch->Enqueue(std::vector<CopySpan>{{a, out, kSpan}});
+  REQUIRE(first.ok());
+  // Freed and allocated again at the same address; the new registration
+  // replaces region 1 (GpuRegions::Add releases what it overlaps).
+  REQUIRE(f.trainer.Free(a).ok());
+  REQUIRE(f.Allocate(new_bytes, a) == a);
+  f.Register(2, a);
+  f.RecordReady();
+  CopyAll(*batch, {{a + kSpan, out + kSpan, kSpan}});
+  // The first span came from the old allocation, which the batch kept
+  // mapped until its copy ran; the second from the new one.
+  CHECK(Mismatch(std::string(out, kSpan), old_bytes.substr(0, kSpan)).empty());
+  CHECK(Mismatch(std::string(out + kSpan, kSpan), new_bytes.substr(kSpan, kSpan)).empty());
+}
+
+}  // namespace
+}  // namespace ckpt
