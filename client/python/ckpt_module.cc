@@ -17,10 +17,22 @@
 // tensors (ckpt::Client::Load); if it does not confirm in time, a
 // RuntimeWarning says the tensors may still be written, before the
 // KeyboardInterrupt propagates.
+//
+// GPU memory: register_gpu_region takes a device pointer of this process;
+// save takes the stream (an int: a cudaStream_t, or SimulatedGpu.stream)
+// on which the trainer's last write to the saved memory was queued, and
+// records the ready event there; SaveHandle.wait_staged_on_stream is the
+// GPU-side STAGED (ckpt::SaveHandle::WaitStagedOnStream). The GPU is the
+// CUDA runtime's where libckpt was built with CUDA, or a SimulatedGpu
+// passed to Client (gpu/: device memory in sealed memfds, which a daemon
+// started with --gpu=simulated maps), for tests and for trying the GPU
+// path where no GPU is.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,7 +40,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/ckpt_client.h"
+#include "gpu/simulated_runtime.h"
+#include "gpu/simulated_trainer_gpu.h"
 
 namespace py = pybind11;
 
@@ -197,6 +212,16 @@ class PySaveHandle {
   void Cancel() {
     Check(Interruptibly([&](ckpt::CallCanceller* c) { return handle_->Cancel(c); }));
   }
+  // Blocks only until the daemon enqueued its copies (or the save failed),
+  // then makes `stream` wait on its staged event.
+  void WaitStagedOnStream(uint64_t stream) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = handle_->WaitStagedOnStream(reinterpret_cast<ckpt::GpuStreamHandle>(stream));
+    }
+    Check(status);
+  }
   py::dict Progress() { return ToDict(handle_->progress()); }
 
  private:
@@ -220,18 +245,78 @@ class PySaveHandle {
   std::unique_ptr<ckpt::SaveHandle> handle_;
 };
 
+// How long SimulatedGpu.synchronize waits for its stream: work queued
+// behind a daemon's staged event that never comes must not hang a test.
+constexpr absl::Duration kSimulatedSyncTimeout = absl::Seconds(60);
+
+// gpu/'s simulated GPU, trainer side: device memory and one stream.
+class PySimulatedGpu {
+ public:
+  uint64_t Allocate(uint64_t bytes) { return Value(gpu_.Allocate(bytes)); }
+  void Free(uint64_t address) {
+    Synchronize();
+    Check(gpu_.Free(address));
+  }
+  // Queued on the stream, as a kernel's writes are.
+  void Write(uint64_t address, const py::bytes& data) {
+    auto bytes = std::make_shared<std::string>(data);
+    CheckDeviceMemory(address, bytes->size());
+    stream_.Enqueue([address, bytes] {
+      std::memcpy(reinterpret_cast<void*>(address), bytes->data(), bytes->size());
+    });
+  }
+  // After the stream's work queued so far.
+  py::bytes Read(uint64_t address, uint64_t length) {
+    CheckDeviceMemory(address, length);
+    Synchronize();
+    return py::bytes(reinterpret_cast<const char*>(address), length);
+  }
+  void Synchronize() {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    stream_.Enqueue([done] { done->store(true); });
+    const absl::Time deadline = absl::Now() + kSimulatedSyncTimeout;
+    py::gil_scoped_release release;
+    while (!done->load()) {
+      if (absl::Now() > deadline) {
+        py::gil_scoped_acquire gil;
+        throw StatusError(absl::DeadlineExceededError(absl::StrCat(
+            "the simulated stream did not finish within ",
+            absl::FormatDuration(kSimulatedSyncTimeout),
+            " (waiting on an event that was never completed?)")));
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
+  uint64_t stream() { return reinterpret_cast<uint64_t>(&stream_); }
+  ckpt::TrainerGpu* trainer() { return &gpu_; }
+
+ private:
+  // Raw addresses come from Python: refuse any range that is not wholly
+  // this object's device memory rather than touch it.
+  void CheckDeviceMemory(uint64_t address, uint64_t length) {
+    Check(gpu_.AllocationIds(address, length).status());
+  }
+  ckpt::SimulatedTrainerGpu gpu_;
+  // After gpu_: destroyed first, so queued work never outlives the memory.
+  ckpt::SimulatedStream stream_;
+};
+
 class PyClient {
  public:
   PyClient(const std::string& socket, const std::string& job, uint32_t rank,
            uint32_t world_size, uint32_t node, uint32_t local_world_size,
-           std::optional<uint32_t> local_rank) {
+           std::optional<uint32_t> local_rank, py::object gpu)
+      : gpu_(std::move(gpu)) {
+    ckpt::TrainerGpu* trainer = nullptr;  // the CUDA runtime's, if built with it
+    if (!gpu_.is_none()) trainer = gpu_.cast<PySimulatedGpu*>()->trainer();
     ckpt::ConnectOptions options{.socket = socket,
                                  .job = job,
                                  .rank = rank,
                                  .world_size = world_size,
                                  .node = node,
                                  .local_world_size = local_world_size,
-                                 .local_rank = local_rank};
+                                 .local_rank = local_rank,
+                                 .gpu = trainer};
     absl::StatusOr<std::unique_ptr<ckpt::Client>> client = Interruptibly(
         [&](ckpt::CallCanceller* c) { return ckpt::Client::Connect(options, c); });
     if (absl::IsUnavailable(client.status())) {
@@ -255,6 +340,20 @@ class PyClient {
     }));
   }
 
+  uint64_t RegisterGpuRegion(uint64_t address, uint64_t length) {
+    absl::StatusOr<uint64_t> id;
+    {
+      py::gil_scoped_release release;
+      id = client_->RegisterGpuRegion(address, length);
+    }
+    return Value(std::move(id));
+  }
+
+  void ReleaseRegions(const std::vector<uint64_t>& ids) {
+    Check(Interruptibly(
+        [&](ckpt::CallCanceller* c) { return client_->ReleaseRegions(ids, c); }));
+  }
+
   uint64_t DefineLayout(const py::list& items) {
     auto tensors = ToItems(items);
     return Value(Interruptibly(
@@ -262,7 +361,7 @@ class PyClient {
   }
 
   std::unique_ptr<PySaveHandle> Save(const std::string& checkpoint, uint64_t layout_id,
-                                     const py::dict& byte_items) {
+                                     const py::dict& byte_items, uint64_t stream) {
     ckpt::v1::SaveRequest request;
     request.set_job(client_->options().job);
     request.set_checkpoint(checkpoint);
@@ -274,7 +373,8 @@ class PyClient {
     }
     absl::StatusOr<std::unique_ptr<ckpt::SaveHandle>> handle =
         Interruptibly([&](ckpt::CallCanceller* c) {
-          return client_->Save(std::move(request), /*stream=*/nullptr, c);
+          return client_->Save(std::move(request),
+                               reinterpret_cast<ckpt::GpuStreamHandle>(stream), c);
         });
     return std::make_unique<PySaveHandle>(Value(std::move(handle)));
   }
@@ -317,6 +417,8 @@ class PyClient {
   }
 
  private:
+  // A SimulatedGpu, or None. Declared before client_, so it outlives it.
+  py::object gpu_;
   std::unique_ptr<ckpt::Client> client_;
 };
 
@@ -339,15 +441,29 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("wait_staged", &PySaveHandle::WaitStaged)
       .def("wait_committed", &PySaveHandle::WaitCommitted)
       .def("cancel", &PySaveHandle::Cancel)
+      .def("wait_staged_on_stream", &PySaveHandle::WaitStagedOnStream, py::arg("stream"))
       .def("progress", &PySaveHandle::Progress);
+  py::class_<PySimulatedGpu>(m, "SimulatedGpu")
+      .def(py::init<>())
+      .def("allocate", &PySimulatedGpu::Allocate, py::arg("bytes"))
+      .def("free", &PySimulatedGpu::Free, py::arg("address"))
+      .def("write", &PySimulatedGpu::Write, py::arg("address"), py::arg("data"))
+      .def("read", &PySimulatedGpu::Read, py::arg("address"), py::arg("length"))
+      .def("synchronize", &PySimulatedGpu::Synchronize)
+      .def_property_readonly("stream", &PySimulatedGpu::stream);
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint32_t,
-                    uint32_t, std::optional<uint32_t>>(),
+                    uint32_t, std::optional<uint32_t>, py::object>(),
            py::arg("socket"), py::arg("job"), py::arg("rank"), py::arg("world_size"),
-           py::arg("node"), py::arg("local_world_size"), py::arg("local_rank") = py::none())
+           py::arg("node"), py::arg("local_world_size"), py::arg("local_rank") = py::none(),
+           py::arg("gpu") = py::none())
       .def("register_region", &PyClient::RegisterRegion)
+      .def("register_gpu_region", &PyClient::RegisterGpuRegion, py::arg("address"),
+           py::arg("length"))
+      .def("release_regions", &PyClient::ReleaseRegions, py::arg("ids"))
       .def("define_layout", &PyClient::DefineLayout)
-      .def("save", &PyClient::Save)
+      .def("save", &PyClient::Save, py::arg("checkpoint"), py::arg("layout_id"),
+           py::arg("byte_items"), py::arg("stream") = 0)
       .def("load", &PyClient::Load)
       .def("list", &PyClient::List)
       .def("alive", &PyClient::Alive);
