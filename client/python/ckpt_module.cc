@@ -265,6 +265,11 @@ class PySimulatedGpu {
       std::memcpy(reinterpret_cast<void*>(address), bytes->data(), bytes->size());
     });
   }
+  // Keeps the stream busy for `seconds`, as a long kernel does.
+  void Delay(double seconds) {
+    const absl::Duration delay = absl::Seconds(seconds);
+    stream_.Enqueue([delay] { absl::SleepFor(delay); });
+  }
   // After the stream's work queued so far.
   py::bytes Read(uint64_t address, uint64_t length) {
     CheckDeviceMemory(address, length);
@@ -286,6 +291,10 @@ class PySimulatedGpu {
       }
       absl::SleepFor(absl::Microseconds(200));
     }
+  }
+  // Whether [address, address + length) is wholly this GPU's memory.
+  bool Holds(uint64_t address, uint64_t length) {
+    return gpu_.AllocationIds(address, length).ok();
   }
   uint64_t stream() { return reinterpret_cast<uint64_t>(&stream_); }
   ckpt::TrainerGpu* trainer() { return &gpu_; }
@@ -450,6 +459,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("write", &PySimulatedGpu::Write, py::arg("address"), py::arg("data"))
       .def("read", &PySimulatedGpu::Read, py::arg("address"), py::arg("length"))
       .def("synchronize", &PySimulatedGpu::Synchronize)
+      .def("delay", &PySimulatedGpu::Delay, py::arg("seconds"))
+      .def("holds", &PySimulatedGpu::Holds, py::arg("address"), py::arg("length"))
       .def_property_readonly("stream", &PySimulatedGpu::stream);
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint32_t,

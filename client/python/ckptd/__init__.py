@@ -11,7 +11,7 @@ module is the layer below it: flat state dicts of tensors and shards.
     ...
     result = client.load("latest", state_dict)   # in place, any sharding
 
-A state dict maps fqns to CPU tensors (torch or numpy, contiguous), to
+A state dict maps fqns to tensors (torch CPU or CUDA, or numpy; contiguous), to
 DTensors (FSDP2, HSDP: the box and the replicas come from the device mesh and
 the placements; Shard and Replicate only), or to `Shard`s, which say which box
 of a global tensor the rank holds and which ranks hold identical copies (so
@@ -19,6 +19,18 @@ that one of them writes it). A plain tensor is the whole tensor, held by
 `replicas` (default: this rank alone). Ranks are torch.distributed's global
 ranks. The daemon reads and writes the tensors' memory directly; keep them
 alive and unmoved until `wait_staged()` returns or `load()` returns.
+
+CUDA tensors are GPU regions: the daemon copies them out with the GPU's copy
+engines, after the trainer's writes queued so far on the device's current
+stream (the save records an event there; no CPU wait). `wait_staged()`
+waits on the CPU until every byte is copied out; `wait_staged_on_stream()`
+returns once the daemon has queued its copies and makes the stream wait for
+them, so the optimizer step queued next runs after them and the CPU goes on
+(the GPU-side STAGED). A load waits for the stream first, then writes the
+tensors. `Client(gpu=ckptd._ckpt.SimulatedGpu())` puts the GPU path on the
+simulated device instead (a daemon with --gpu=simulated): arrays or CPU
+tensors over its memory (SimulatedGpu.allocate) then stand for CUDA
+tensors, for tests and for trying the GPU path where no GPU is.
 
 gRPC does not survive fork(): a process that forks after creating a Client
 must not use it in the child (dataloader workers that never touch it are
@@ -45,6 +57,7 @@ from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, Sav
 from ckptd import errors as _errors
 from ckptd import _ckpt
 from ckptd.dtypes import SAFETENSORS_BY_NUMPY, SAFETENSORS_BY_TORCH
+from ckptd.gpu_memory import CudaMemory, SimulatedMemory
 
 Error = CkptdError  # every error of the daemon and libckpt (ckptd/errors.py)
 DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
@@ -100,10 +113,10 @@ def _as_shard(value, replicas) -> Shard:
 
 
 def _memory(tensor) -> tuple:
-    """(address, length, shape, dtype name) of a contiguous CPU tensor."""
+    """(address, length, shape, dtype name) of a contiguous CPU or CUDA tensor."""
     if hasattr(tensor, "data_ptr"):  # torch
-        if tensor.device.type != "cpu":
-            raise ValueError(f"only CPU tensors are supported, got {tensor.device}")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"only CPU and CUDA tensors are supported, got {tensor.device}")
         if not tensor.is_contiguous():
             raise ValueError("tensors must be contiguous")
         return (tensor.data_ptr(), tensor.numel() * tensor.element_size(),
@@ -116,16 +129,32 @@ def _memory(tensor) -> tuple:
 class SaveHandle:
     """One save of this rank: wait for STAGED before mutating the tensors."""
 
-    def __init__(self, handle, keep_alive):
+    def __init__(self, handle, keep_alive, stream=None):
         self._handle = handle
         # The tensors themselves (not the caller's dict, which it may change):
         # the daemon reads their memory until STAGED.
         self._keep_alive = keep_alive
+        self._stream = stream  # the GPU stream the save recorded on, if any
 
     def wait_staged(self) -> None:
         """Returns once every byte is copied out; raises if the save failed."""
         self._handle.wait_staged()
         self._keep_alive = None
+
+    def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
+        """The GPU-side STAGED: returns once the daemon has queued the copies of
+        this rank's GPU tensors (with a staging pool smaller than the state,
+        once the part that does not fit went to storage), and makes `stream`
+        (default: the stream the save recorded on) wait for them, so work
+        queued there next runs after the copies. Host tensors are copied out
+        by then. The tensors stay referenced until wait_staged or
+        wait_committed: their memory must not be freed before the copies
+        ran."""
+        if stream is None:
+            stream = self._stream
+        if stream is None:
+            raise ValueError("this save has no GPU tensors: use wait_staged()")
+        self._handle.wait_staged_on_stream(stream)
 
     def wait_committed(self) -> None:
         self._handle.wait_committed()
@@ -143,12 +172,15 @@ class Client:
 
     def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
                  socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0,
-                 local_rank: Optional[int] = None):
+                 local_rank: Optional[int] = None, gpu: Optional[Any] = None):
+        """`gpu`: None for CUDA tensors on the CUDA runtime, or a
+        ckptd._ckpt.SimulatedGpu (see the module's docstring)."""
         self.rank = rank
         self.job = job
         self.socket = socket
         self._connect_args = (socket, job, rank, world_size, node, local_world_size,
-                              local_rank)
+                              local_rank, gpu)
+        self._gpu = CudaMemory() if gpu is None else SimulatedMemory(gpu)
         self._client = _ckpt.Client(*self._connect_args)
         # Counts connections: ids (regions, layouts) of an older one are void.
         self.generation = 0
@@ -174,21 +206,24 @@ class Client:
         copies of them (all ranks, for DDP); default this rank alone.
         """
         self._connection()
-        items = self._items(state_dict, replicas)
-        handle = self._submit(checkpoint, items, dict(byte_items or {}))
-        return SaveHandle(handle, [getattr(v, "tensor", v) for v in state_dict.values()])
+        gpu_tensors = []
+        items = self._items(state_dict, replicas, gpu_tensors)
+        stream = self._gpu.stream(gpu_tensors) if gpu_tensors else None
+        handle = self._submit(checkpoint, items, dict(byte_items or {}), stream or 0)
+        return SaveHandle(handle, [getattr(v, "tensor", v) for v in state_dict.values()],
+                          stream)
 
-    def _submit(self, checkpoint: str, items: list, byte_items: dict):
+    def _submit(self, checkpoint: str, items: list, byte_items: dict, stream: int = 0):
         """Saves `items` (tensor item dicts, see ckpt_module.cc) under a
-        layout defined once per distinct item list; returns the binding's
-        save handle."""
+        layout defined once per distinct item list, recording the ready
+        event of GPU items on `stream`; returns the binding's save handle."""
         key = tuple(tuple((k, tuple(v) if isinstance(v, list) else v)
                           for k, v in sorted(i.items())) for i in items)
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._client.define_layout(items)
             self._layouts[key] = layout
-        return self._client.save(checkpoint, layout, byte_items)
+        return self._client.save(checkpoint, layout, byte_items, stream=stream)
 
     def _load(self, checkpoint: str, items: list, byte_items: list, allow_missing: bool):
         """The binding's load, with a missing checkpoint said in full."""
@@ -216,21 +251,33 @@ class Client:
         before the KeyboardInterrupt: it may then still write into those
         tensors if it resumes, so do not reuse their memory."""
         self._connection()
-        items = self._items(state_dict, None)
+        gpu_tensors = []
+        items = self._items(state_dict, None, gpu_tensors)
+        if gpu_tensors:
+            # The daemon's copies are not ordered after work the trainer
+            # queued on the GPU: let that finish before they overwrite.
+            self._gpu.synchronize(gpu_tensors)
         return self._load(checkpoint, items, list(byte_items), allow_missing)
 
     def list(self) -> list:
         """This job's checkpoints: {checkpoint, committed, latest, total_bytes}."""
         return self._connection().list()
 
-    def _region(self, address: int, length: int) -> int:
-        region = self._regions.get((address, length))
+    def _region(self, address: int, length: int, on_gpu: bool = False) -> int:
+        region = self._regions.get((address, length, on_gpu))
         if region is None:
-            region = self._client.register_region(address, max(length, 1))
-            self._regions[(address, length)] = region
+            if on_gpu:
+                # libckpt keeps it current: a save re-registers memory the
+                # allocator freed and allocated again at the same address.
+                region = self._client.register_gpu_region(address, length)
+            else:
+                region = self._client.register_region(address, max(length, 1))
+            self._regions[(address, length, on_gpu)] = region
         return region
 
-    def _items(self, state_dict: Mapping[str, Any], replicas) -> list:
+    def _items(self, state_dict: Mapping[str, Any], replicas, gpu_tensors: list) -> list:
+        """The item dicts of `state_dict`; appends its GPU tensors to
+        `gpu_tensors`."""
         default_replicas = sorted(set(replicas)) if replicas is not None else [self.rank]
         items = []
         for fqn, value in state_dict.items():
@@ -238,10 +285,15 @@ class Client:
             address, length, shape, dtype = _memory(shard.tensor)
             if dtype not in _DTYPES:
                 raise ValueError(f"{fqn}: unsupported dtype {dtype}")
+            on_gpu = self._gpu.holds(shard.tensor, address, length)
+            if on_gpu:
+                if length == 0:
+                    raise ValueError(f"{fqn}: an empty GPU tensor has no memory to register")
+                gpu_tensors.append(shard.tensor)
             items.append({
                 "fqn": fqn, "dtype": _DTYPES[dtype],
                 "global_shape": list(shard.global_shape), "offsets": list(shard.offsets),
-                "local_shape": list(shape), "region": self._region(address, length),
+                "local_shape": list(shape), "region": self._region(address, length, on_gpu),
                 "offset": 0, "length": length,
                 "replicas": sorted(set(shard.replicas)) if shard.replicas is not None
                 else [self.rank],

@@ -1,15 +1,18 @@
-"""The binding's GPU path (ckptd._ckpt) through a real ckptd started with
+"""The GPU path of the Python package through a real ckptd started with
 --gpu=simulated: device memory of the simulated GPU (gpu/, a SimulatedGpu
-given to the Client) registered, saved with the GPU-side STAGED, restored
-into it; and the errors a caller meets.
+given to the client) registered, saved with the GPU-side STAGED and
+restored, through the binding (ckptd._ckpt) and through ckptd.Client; and
+the errors a caller meets. (CUDA tensors themselves need a GPU.)
 
-Run by ctest as: python -m unittest test_gpu_binding (in this directory),
-with PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
+Run by ctest as: python -m unittest test_gpu (in this directory), with
+PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
 """
 
 import ctypes
 import random
 import unittest
+
+import numpy as np
 
 import ckptd
 from ckptd import _ckpt
@@ -84,6 +87,58 @@ class SimulatedGpuBinding(unittest.TestCase):
             self.gpu.write(address, b"x")
         with self.assertRaises(ckptd.errors.CkptdError):
             self.gpu.read(address, 1)
+
+
+def device_array(gpu, n):
+    """A uint8 array of `n` bytes over new memory of the simulated GPU, and
+    its address: what a CUDA tensor is to ckptd.Client."""
+    address = gpu.allocate(n)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(address)), address
+
+
+class ClientOnSimulatedGpu(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Daemon(flags=["--gpu=simulated"])
+        self.addCleanup(self.daemon.stop)
+        self.gpu = _ckpt.SimulatedGpu()
+        self.client = ckptd.Client("gpujob", socket=self.daemon.socket, gpu=self.gpu)
+        self.addCleanup(self.gpu.synchronize)
+
+    def test_gpu_and_host_tensors_of_one_state_dict_save_and_restore_with_the_gpu_side_staged(self):
+        w, w_at = device_array(self.gpu, 2 * MiB)
+        b, b_at = device_array(self.gpu, 64 << 10)
+        host = np.arange(1000, dtype=np.float32)
+        state = {"model.w": w, "model.b": b, "opt.host": host}
+        step = {}
+        for s in (1, 2):  # the second save reuses the regions and the layout
+            step[s] = {"model.w": random_bytes(2 * MiB, 10 + s),
+                       "model.b": random_bytes(64 << 10, 20 + s)}
+            self.gpu.write(w_at, step[s]["model.w"])  # the step, queued on the stream
+            self.gpu.write(b_at, step[s]["model.b"])
+            handle = self.client.save(f"step-{s}", state)
+            handle.wait_staged_on_stream()
+            # The next step's writes, queued at once: they run after the copies.
+            self.gpu.write(w_at, b"\xff" * (2 * MiB))
+            handle.wait_committed()
+
+        for s in (1, 2):
+            # Queued behind a long kernel, not yet run: the load waits for the
+            # stream before it writes.
+            self.gpu.delay(0.2)
+            self.gpu.write(w_at, bytes(2 * MiB))
+            self.gpu.write(b_at, bytes(64 << 10))
+            host[...] = 0
+            self.client.load(f"step-{s}", state)
+            self.assertTrue(self.gpu.read(w_at, 2 * MiB) == step[s]["model.w"], s)
+            self.assertTrue(self.gpu.read(b_at, 64 << 10) == step[s]["model.b"], s)
+            np.testing.assert_array_equal(host, np.arange(1000, dtype=np.float32))
+
+    def test_the_gpu_side_staged_of_a_save_without_gpu_tensors_says_to_wait_on_the_cpu(self):
+        handle = self.client.save("host-only", {"h": np.ones(10, dtype=np.float32)})
+        with self.assertRaises(ValueError) as raised:
+            handle.wait_staged_on_stream()
+        self.assertIn("wait_staged()", str(raised.exception))
+        handle.wait_committed()
 
 
 class WithoutSimulatedGpu(unittest.TestCase):
