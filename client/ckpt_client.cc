@@ -1,7 +1,6 @@
 #include "client/ckpt_client.h"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -19,9 +18,6 @@
 #include "common/save_phase.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
-#ifdef CKPT_HAVE_CUDA
-#include "cuda/cuda_trainer_gpu.h"
-#endif
 
 namespace ckpt {
 namespace {
@@ -225,95 +221,6 @@ absl::StatusOr<uint64_t> Client::RegisterOne(const v1::RegisterRegionsRequest& r
   return response.region_ids(0);
 }
 
-absl::StatusOr<TrainerGpu*> Client::Gpu() {
-  if (options_.gpu != nullptr) return options_.gpu;
-#ifdef CKPT_HAVE_CUDA
-  if (own_gpu_ == nullptr) {
-    ASSIGN_OR_RETURN(own_gpu_, CudaTrainerGpu::Create());
-  }
-  return own_gpu_.get();
-#else
-  return absl::FailedPreconditionError(
-      "libckpt was built without CUDA: GPU regions need ConnectOptions.gpu");
-#endif
-}
-
-absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
-                                                    uint64_t length,
-                                                    CallCanceller* canceller) {
-  ASSIGN_OR_RETURN(TrainerGpu * gpu, Gpu());
-  ASSIGN_OR_RETURN(GpuRegionExport exported, gpu->Export(address, length));
-  ASSIGN_OR_RETURN(GpuEventHandles events, gpu->Events(exported.device_uuid));
-  v1::RegisterRegionsRequest request;
-  request.set_session_token(token_);
-  v1::CudaRegion* cuda = request.add_regions()->mutable_cuda();
-  cuda->set_address(address);
-  cuda->set_length(length);
-  cuda->set_device_uuid(exported.device_uuid);
-  for (const GpuPiece& piece : exported.pieces) {
-    v1::CudaAllocation* a = cuda->add_pieces();
-    if (piece.handle.ipc_handle.empty()) {
-      a->set_peer_fd(piece.handle.peer_fd);
-    } else {
-      a->set_ipc_mem_handle(piece.handle.ipc_handle);
-    }
-    a->set_allocation_bytes(piece.allocation_bytes);
-    a->set_offset(piece.offset);
-    a->set_length(piece.length);
-  }
-  cuda->mutable_ready_event()->set_peer_fd(events.ready.peer_fd);
-  cuda->mutable_staged_event()->set_peer_fd(events.staged.peer_fd);
-  // The exported fds stay open until the daemon has taken its copies.
-  GpuRegistration r;
-  ASSIGN_OR_RETURN(r.daemon_id, RegisterOne(request, canceller));
-  r.address = address;
-  r.length = length;
-  r.device_uuid = exported.device_uuid;
-  r.allocation_ids = std::move(exported.allocation_ids);
-  return r;
-}
-
-absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
-                                                   uint64_t length) {
-  absl::MutexLock lock(&gpu_mu_);
-  ASSIGN_OR_RETURN(GpuRegistration r, RegisterGpu(address, length));
-  const uint64_t id = r.daemon_id;
-  if (std::find(gpu_devices_.begin(), gpu_devices_.end(), r.device_uuid) ==
-      gpu_devices_.end()) {
-    gpu_devices_.push_back(r.device_uuid);
-  }
-  gpu_regions_[id] = std::move(r);
-  if (!daemon_watch_.joinable()) {
-    ASSIGN_OR_RETURN(watched_gpu_, Gpu());
-    watch_stop_.reset(::eventfd(0, EFD_CLOEXEC));
-    if (!watch_stop_.valid()) return ErrnoToStatus(errno, "eventfd");
-    daemon_watch_ = std::thread(
-        [this, stop_fd = watch_stop_.get()] { WatchDaemon(stop_fd); });
-  }
-  return id;
-}
-
-void Client::WatchDaemon(int stop_fd) {
-  pollfd fds[2] = {{handshake_.get(), POLLRDHUP, 0}, {stop_fd, POLLIN, 0}};
-  for (;;) {
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      std::fprintf(stderr, "libckpt: cannot watch the daemon: %s\n", std::strerror(errno));
-      return;
-    }
-    if (fds[1].revents != 0) return;  // the client is closing
-    if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) break;
-  }
-  absl::MutexLock lock(&gpu_mu_);
-  for (const std::string& uuid : gpu_devices_) {
-    absl::Status s = watched_gpu_->SignalStaged(uuid);
-    if (!s.ok()) {
-      std::fprintf(stderr, "libckpt: the daemon exited; cannot release a staged wait: %s\n",
-                   s.ToString().c_str());
-    }
-  }
-}
-
 Client::~Client() {
   std::thread watcher;
   {
@@ -362,18 +269,6 @@ absl::Status Client::ReleaseRegions(const std::vector<uint64_t>& ids,
   return absl::OkStatus();
 }
 
-void Client::RemapRegionIds(
-    google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors) {
-  absl::MutexLock lock(&gpu_mu_);
-  if (gpu_regions_.empty()) return;
-  for (v1::TensorItem& item : *tensors) {
-    auto it = gpu_regions_.find(item.memory().region_id());
-    if (it != gpu_regions_.end()) {
-      item.mutable_memory()->set_region_id(it->second.daemon_id);
-    }
-  }
-}
-
 absl::StatusOr<uint64_t> Client::DefineLayout(
     const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
     CallCanceller* canceller) {
@@ -395,25 +290,7 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   request.set_session_token(token_);
   TrainerGpu* gpu = nullptr;
   std::vector<std::string> devices;
-  {
-    absl::MutexLock lock(&gpu_mu_);
-    if (!gpu_regions_.empty()) {
-      gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
-    }
-    for (auto& [id, r] : gpu_regions_) {
-      // Memory freed and allocated again under the region (even at the same
-      // address) has new allocation ids: map the new allocation in place of
-      // the old one, which the daemon then releases.
-      ASSIGN_OR_RETURN(std::vector<uint64_t> now,
-                       gpu->AllocationIds(r.address, r.length));
-      if (now != r.allocation_ids) {
-        ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
-      }
-      if (std::find(devices.begin(), devices.end(), r.device_uuid) == devices.end()) {
-        devices.push_back(r.device_uuid);
-      }
-    }
-  }
+  RETURN_IF_ERROR(RefreshGpuRegions(canceller, &gpu, &devices));
   for (const std::string& uuid : devices) {
     RETURN_IF_ERROR(gpu->RecordReady(uuid, stream));
   }

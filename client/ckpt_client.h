@@ -104,6 +104,10 @@ struct GpuRegistration {
   uint64_t length = 0;
   std::string device_uuid;
   std::vector<uint64_t> allocation_ids;
+  // The trainer's allocator returned the memory (Client::ReleaseGpuMemory)
+  // and the daemon released the region: a save maps it again only once
+  // memory is allocated there again.
+  bool released = false;
 };
 
 // One rank's in-flight save. A background thread, started on first use (so
@@ -187,6 +191,17 @@ class Client {
   // Ends regions (host or GPU); call it before freeing their memory.
   absl::Status ReleaseRegions(const std::vector<uint64_t>& ids,
                               CallCanceller* canceller = nullptr);
+  // The trainer's allocator is returning device memory [address, address +
+  // length) to the driver (PyTorch's caching allocator freeing or unmapping
+  // a segment: client/python/allocator_hook_module.cc calls this). Every
+  // GPU region that overlaps it is released at the daemon, which unmaps it
+  // as soon as no copy uses it, so the daemon never keeps freed memory
+  // alive. The regions stay known under their ids: a later save maps one
+  // again if memory is allocated there again, and otherwise leaves it out.
+  // Waits at most `timeout` for the daemon (the caller may hold the
+  // allocator's lock); the regions count as released even if it fails.
+  absl::Status ReleaseGpuMemory(uint64_t address, uint64_t length,
+                                absl::Duration timeout) ABSL_LOCKS_EXCLUDED(gpu_mu_);
 
   // Registers this rank's tensor items once; later saves pass the returned
   // id in SaveRequest.layout_id instead of the items, which keeps the save
@@ -243,6 +258,12 @@ class Client {
   // call ends (`call_ended`), or cancel_confirm_ms pass (DeadlineExceeded).
   absl::Status CancelLoadAndConfirm(uint64_t load_id,
                                     const std::function<bool()>& call_ended);
+  // Before a save: re-registers the GPU regions whose memory was
+  // re-allocated (or, released, allocated again); sets `gpu` (null without
+  // GPU regions) and the devices whose ready events the save records.
+  absl::Status RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gpu,
+                                 std::vector<std::string>* devices)
+      ABSL_LOCKS_EXCLUDED(gpu_mu_);
   // Replaces the application's GPU region ids with the daemon's current ones.
   void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);

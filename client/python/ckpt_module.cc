@@ -32,14 +32,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/ckpt_client.h"
 #include "gpu/simulated_runtime.h"
@@ -245,6 +248,33 @@ class PySaveHandle {
   std::unique_ptr<ckpt::SaveHandle> handle_;
 };
 
+// The process's live clients, for ReleaseGpuMemoryOfClients. Leaked: the
+// allocator's tracker may run while the interpreter shuts down.
+absl::Mutex& ClientsMutex() {
+  static absl::Mutex* mu = new absl::Mutex;
+  return *mu;
+}
+std::set<ckpt::Client*>& Clients() {
+  static std::set<ckpt::Client*>* clients = new std::set<ckpt::Client*>;
+  return *clients;
+}
+
+// How long a release waits for the daemon: it runs under PyTorch's
+// allocator lock, which a hung daemon must not hold for long.
+constexpr absl::Duration kReleaseTimeout = absl::Seconds(2);
+
+// ckptd._allocator_hook calls this (through the release_gpu_memory
+// capsule) when PyTorch's caching allocator returns [address, address +
+// length) to the driver. Takes no GIL; a client cannot be destroyed
+// meanwhile (PyClient's destructor takes the mutex first).
+void ReleaseGpuMemoryOfClients(uint64_t address, uint64_t length) {
+  absl::MutexLock lock(&ClientsMutex());
+  for (ckpt::Client* client : Clients()) {
+    const absl::Status s = client->ReleaseGpuMemory(address, length, kReleaseTimeout);
+    if (!s.ok()) std::fprintf(stderr, "ckptd: %s\n", s.ToString().c_str());
+  }
+}
+
 // How long SimulatedGpu.synchronize waits for its stream: work queued
 // behind a daemon's staged event that never comes must not hang a test.
 constexpr absl::Duration kSimulatedSyncTimeout = absl::Seconds(60);
@@ -339,7 +369,16 @@ class PyClient {
                        "socket of the running one (socket=...)")));
     }
     client_ = Value(std::move(client));
+    absl::MutexLock lock(&ClientsMutex());
+    Clients().insert(client_.get());
   }
+
+  ~PyClient() {
+    absl::MutexLock lock(&ClientsMutex());
+    Clients().erase(client_.get());
+  }
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
 
   bool Alive() { return Value(client_->DaemonAlive()); }
 
@@ -436,6 +475,10 @@ class PyClient {
 PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "libckpt, the trainer-side client of ckptd (use the ckptd package)";
   m.attr("DEFAULT_SOCKET") = ckpt::kDefaultSocket;
+  // For ckptd._allocator_hook: void(uint64_t address, uint64_t length).
+  m.attr("release_gpu_memory") =
+      py::capsule(reinterpret_cast<void*>(&ReleaseGpuMemoryOfClients),
+                  "ckptd._ckpt.release_gpu_memory");
   // The classes live in Python (ckptd/errors.py); the binding raises them.
   m.attr("Error") = py::module_::import("ckptd.errors").attr("CkptdError");
   py::register_exception_translator([](std::exception_ptr p) {

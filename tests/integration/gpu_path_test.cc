@@ -191,6 +191,52 @@ TEST_CASE("ten saves reuse the opened allocations, one freed and allocated "
   }
 }
 
+TEST_CASE("memory the trainer's allocator returns is unmapped by the daemon at "
+          "once, and a later save maps it again where memory is allocated there "
+          "again, and otherwise fails naming the released region",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "freed", 2, 4, kTensorBytes);
+  rank.Upload(1);
+  auto first = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
+  REQUIRE(first.ok());
+  REQUIRE((*first)->WaitCommitted().ok());
+  REQUIRE(AwaitGpuRegions(daemon.socket(), 2) == 2);
+
+  // What the allocator hook does when PyTorch frees allocation 1's segment.
+  const absl::Status released = rank.client().ReleaseGpuMemory(
+      rank.address(1), rank.allocation_bytes(), absl::Seconds(5));
+  INFO(released.ToString());
+  REQUIRE(released.ok());
+  CHECK(AwaitGpuRegions(daemon.socket(), 1) == 1);
+  if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 1);
+
+  SECTION("allocated again") {
+    rank.Reallocate(1);
+    rank.Upload(2);
+    auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+    INFO(second.status().ToString());
+    REQUIRE(second.ok());
+    REQUIRE((*second)->WaitCommitted().ok());
+    CHECK(AwaitGpuRegions(daemon.socket(), 2) == 2);
+    rank.Zero();
+    REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
+    CHECK(rank.Holds(2));
+  }
+  SECTION("not allocated again") {
+    REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
+    REQUIRE(gpu->Free(rank.address(1)).ok());
+    auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+    absl::Status failed = second.ok() ? (*second)->WaitStaged() : second.status();
+    INFO(failed.ToString());
+    CHECK(!failed.ok());
+    CHECK(failed.message().find("released region") != absl::string_view::npos);
+  }
+}
+
 TEST_CASE("every GPU mapping is released when the session ends",
           "[integration][gpu][cuda]") {
   const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");

@@ -10,6 +10,7 @@ PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
 
 import ctypes
 import random
+import time
 import unittest
 
 import numpy as np
@@ -139,6 +140,67 @@ class ClientOnSimulatedGpu(unittest.TestCase):
             handle.wait_staged_on_stream()
         self.assertIn("wait_staged()", str(raised.exception))
         handle.wait_committed()
+
+
+def daemon_mappings(daemon) -> int:
+    """Allocations of the simulated GPU the daemon maps now."""
+    with open(f"/proc/{daemon.process.pid}/maps") as maps:
+        return sum("ckpt-sim-alloc" in line for line in maps)
+
+
+def await_mappings(daemon, n) -> int:
+    deadline = time.monotonic() + 10
+    while daemon_mappings(daemon) != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return daemon_mappings(daemon)
+
+
+def release_gpu_memory():
+    """The C function behind the _ckpt.release_gpu_memory capsule: what the
+    allocator hook calls when PyTorch returns a segment to the driver."""
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = get_pointer(_ckpt.release_gpu_memory, b"ckptd._ckpt.release_gpu_memory")
+    return ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64)(address)
+
+
+class AllocatorRelease(unittest.TestCase):
+    def test_memory_the_allocator_returns_is_unmapped_at_once_and_mapped_again_by_a_later_save(self):
+        daemon = Daemon(flags=["--gpu=simulated"])
+        self.addCleanup(daemon.stop)
+        gpu = _ckpt.SimulatedGpu()
+        client = ckptd.Client("gpujob", socket=daemon.socket, gpu=gpu)
+        self.addCleanup(gpu.synchronize)
+        w, w_at = device_array(gpu, MiB)
+        b, b_at = device_array(gpu, MiB)
+        state = {"model.w": w, "model.b": b}
+        gpu.write(w_at, random_bytes(MiB, 1))
+        gpu.write(b_at, random_bytes(MiB, 2))
+        client.save("step-1", state).wait_committed()
+        self.assertEqual(await_mappings(daemon, 2), 2)
+
+        # PyTorch's allocator frees the segment under model.w (then, here,
+        # allocates it again at the same address).
+        release_gpu_memory()(w_at, MiB)
+        self.assertEqual(await_mappings(daemon, 1), 1)
+
+        step2 = random_bytes(MiB, 3)
+        gpu.write(w_at, step2)
+        client.save("step-2", state).wait_committed()
+        self.assertEqual(await_mappings(daemon, 2), 2)
+        gpu.write(w_at, bytes(MiB))
+        client.load("step-2", state)
+        self.assertTrue(gpu.read(w_at, MiB) == step2)
+
+    def test_the_hook_attaches_to_pytorchs_caching_allocator_where_it_is_built(self):
+        try:
+            from ckptd import _allocator_hook  # noqa: F401
+        except ImportError:
+            self.skipTest("ckptd._allocator_hook is not built here (torch without CUDA)")
+        from ckptd import gpu_memory
+        self.assertTrue(gpu_memory.install_allocator_hook())
+        self.assertTrue(gpu_memory.install_allocator_hook())  # once per process
 
 
 class WithoutSimulatedGpu(unittest.TestCase):

@@ -14,14 +14,49 @@ Both answer the same three questions for the tensors of one save or load
       are queued on now; the save records its ready event there and the
       GPU-side STAGED makes it wait.
   synchronize(tensors): waits for that stream (before a load writes them).
+
+CudaMemory also hooks into PyTorch's CUDA caching allocator at the first
+CUDA tensor (ckptd._allocator_hook): when the allocator returns a segment
+to the driver, every ckptd client of the process releases its GPU regions
+over it, so the daemon does not keep freed memory alive. Where the hook is
+not built (torch without CUDA, the pip build), a warning says so once.
 """
+
+import warnings
+
+from ckptd import _ckpt
+
+_hook_state = {"tried": False}
+
+
+def install_allocator_hook() -> bool:
+    """Attaches ckptd's tracker to PyTorch's CUDA caching allocator (once per
+    process); False, with a warning, where ckptd._allocator_hook is missing."""
+    if _hook_state["tried"]:
+        return _hook_state.get("attached", False)
+    _hook_state["tried"] = True
+    try:
+        from ckptd import _allocator_hook
+    except ImportError as e:
+        warnings.warn(
+            "ckptd._allocator_hook is not built (it needs torch with CUDA and the CUDA "
+            f"toolkit when ckptd is built: {e}): GPU memory PyTorch's allocator frees stays "
+            "mapped by the daemon until a later save maps the memory again or the client "
+            "closes", RuntimeWarning, stacklevel=3)
+        return False
+    _allocator_hook.attach(_ckpt.release_gpu_memory)
+    _hook_state["attached"] = True
+    return True
 
 
 class CudaMemory:
     """CUDA tensors of torch, on their device's current stream."""
 
     def holds(self, tensor, address: int, length: int) -> bool:
-        return getattr(getattr(tensor, "device", None), "type", None) == "cuda"
+        if getattr(getattr(tensor, "device", None), "type", None) != "cuda":
+            return False
+        install_allocator_hook()
+        return True
 
     @staticmethod
     def _device(tensors):
