@@ -198,8 +198,10 @@ class Client {
   // as soon as no copy uses it, so the daemon never keeps freed memory
   // alive. The regions stay known under their ids: a later save maps one
   // again if memory is allocated there again, and otherwise leaves it out.
-  // Waits at most `timeout` for the daemon (the caller may hold the
-  // allocator's lock); the regions count as released even if it fails.
+  // Waits at most `timeout` (the caller may hold the allocator's lock): for
+  // the daemon, and for this client if another thread is using it, in
+  // which case the release is left to the next save (DeadlineExceeded).
+  // The regions count as released even if the daemon did not answer.
   absl::Status ReleaseGpuMemory(uint64_t address, uint64_t length,
                                 absl::Duration timeout) ABSL_LOCKS_EXCLUDED(gpu_mu_);
 
@@ -264,6 +266,19 @@ class Client {
   absl::Status RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gpu,
                                  std::vector<std::string>* devices)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);
+  // Byte ranges of this process's memory.
+  struct MemoryRange {
+    uint64_t address = 0;
+    uint64_t length = 0;
+  };
+  // Takes gpu_mu_ if it can before `deadline`.
+  bool TryLockGpuUntil(absl::Time deadline) ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true, gpu_mu_)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Releases at the daemon (one call, until `deadline`) the GPU regions
+  // that overlap `ranges`, and marks them released.
+  absl::Status ReleaseOverlapping(const std::vector<MemoryRange>& ranges,
+                                  absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
   // Replaces the application's GPU region ids with the daemon's current ones.
   void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);
@@ -305,6 +320,10 @@ class Client {
   // region; the destructor stops and joins it.
   UniqueFd watch_stop_ ABSL_GUARDED_BY(gpu_mu_);
   std::thread daemon_watch_ ABSL_GUARDED_BY(gpu_mu_);
+  // Freed memory ReleaseGpuMemory could not release while gpu_mu_ was
+  // held too long; the next save releases the regions over it.
+  absl::Mutex freed_mu_ ABSL_ACQUIRED_AFTER(gpu_mu_);
+  std::vector<MemoryRange> freed_ ABSL_GUARDED_BY(freed_mu_);
 };
 
 }  // namespace ckpt

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/ckpt_client.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
@@ -20,6 +21,13 @@
 #endif
 
 namespace ckpt {
+namespace {
+
+// How long a save waits for the daemon to release the regions that
+// ReleaseGpuMemory left to it.
+constexpr absl::Duration kDeferredReleaseTimeout = absl::Seconds(10);
+
+}  // namespace
 
 absl::StatusOr<TrainerGpu*> Client::Gpu() {
   if (options_.gpu != nullptr) return options_.gpu;
@@ -125,7 +133,20 @@ void Client::RemapRegionIds(
 absl::Status Client::RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gpu,
                                        std::vector<std::string>* devices) {
   absl::MutexLock lock(&gpu_mu_);
+  std::vector<MemoryRange> freed;
+  {
+    absl::MutexLock freed_lock(&freed_mu_);
+    freed.swap(freed_);
+  }
   if (gpu_regions_.empty()) return absl::OkStatus();
+  if (!freed.empty()) {
+    // Releases ReleaseGpuMemory could not make while this client was busy.
+    const absl::Status released =
+        ReleaseOverlapping(freed, absl::Now() + kDeferredReleaseTimeout);
+    if (!released.ok()) {
+      std::fprintf(stderr, "libckpt: %s\n", released.ToString().c_str());
+    }
+  }
   *gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
   for (auto& [id, r] : gpu_regions_) {
     absl::StatusOr<std::vector<uint64_t>> now = (*gpu)->AllocationIds(r.address, r.length);
@@ -153,20 +174,52 @@ absl::Status Client::RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gp
 
 absl::Status Client::ReleaseGpuMemory(uint64_t address, uint64_t length,
                                       absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  // Bounded: the thread that holds gpu_mu_ may be waiting for something the
+  // freeing thread holds (a Python caller's canceller polls under the GIL,
+  // which the thread that frees may hold).
+  if (!TryLockGpuUntil(deadline)) {
+    absl::MutexLock lock(&freed_mu_);
+    freed_.push_back({address, length});
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the client was busy for ", absl::FormatDuration(timeout),
+        ": its GPU regions over freed memory [0x", absl::Hex(address), ", +", length,
+        ") are released at its next save"));
+  }
+  const absl::Status released = ReleaseOverlapping({{address, length}}, deadline);
+  gpu_mu_.Unlock();
+  return released;
+}
+
+bool Client::TryLockGpuUntil(absl::Time deadline) {
+  // absl::Mutex has no timed lock (LockWhenWithDeadline takes the lock in
+  // the end whatever the deadline): try, and back off up to 1 ms.
+  absl::Duration pause = absl::Microseconds(20);
+  while (!gpu_mu_.TryLock()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(pause);
+    pause = std::min(2 * pause, absl::Milliseconds(1));
+  }
+  return true;
+}
+
+absl::Status Client::ReleaseOverlapping(const std::vector<MemoryRange>& ranges,
+                                        absl::Time deadline) {
   v1::ReleaseRegionsRequest request;
   request.set_session_token(token_);
-  absl::MutexLock lock(&gpu_mu_);
   std::vector<GpuRegistration*> freed;
   for (auto& [id, r] : gpu_regions_) {
-    if (!r.released && r.address < address + length && address < r.address + r.length) {
-      request.add_region_ids(r.daemon_id);
-      freed.push_back(&r);
+    for (const MemoryRange& m : ranges) {
+      if (!r.released && r.address < m.address + m.length && m.address < r.address + r.length) {
+        request.add_region_ids(r.daemon_id);
+        freed.push_back(&r);
+        break;
+      }
     }
   }
   if (freed.empty()) return absl::OkStatus();
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMicroseconds(timeout));
+  context.set_deadline(absl::ToChronoTime(deadline));
   v1::ReleaseRegionsResponse response;
   const absl::Status released =
       FromGrpc(stub_->ReleaseRegions(&context, request, &response), "ReleaseRegions");
@@ -177,8 +230,8 @@ absl::Status Client::ReleaseGpuMemory(uint64_t address, uint64_t length,
     r->released = true;
     r->allocation_ids.clear();
   }
-  return Annotate(released, absl::StrCat("release GPU regions over freed memory [0x",
-                                         absl::Hex(address), ", +", length, ")"));
+  return Annotate(released, absl::StrCat("release ", freed.size(),
+                                         " GPU regions over memory the allocator freed"));
 }
 
 }  // namespace ckpt

@@ -18,63 +18,12 @@
 #include "client/ckpt_client.h"
 #include "gpu/simulated_trainer_gpu.h"
 #include "integration/daemon_fixture.h"
+#include "integration/gpu_daemon_probe.h"
 #include "integration/gpu_test_rank.h"
 #include "integration/test_gpu.h"
 #include "support/skip.h"
 
 namespace ckpt::testing {
-namespace {
-
-constexpr uint64_t kTensorBytes = 1 << 20;
-
-v1::DaemonStatusResponse Status(const std::string& socket) {
-  auto stub = v1::Ckptd::NewStub(DaemonChannel(socket));
-  grpc::ClientContext context;
-  v1::DaemonStatusResponse response;
-  REQUIRE(stub->DaemonStatus(&context, v1::DaemonStatusRequest(), &response).ok());
-  return response;
-}
-
-// Polls until the daemon maps `regions` GPU regions (or 10 s pass).
-uint32_t AwaitGpuRegions(const std::string& socket, uint32_t regions) {
-  uint32_t now = 0;
-  for (int i = 0; i < 500; ++i) {
-    now = Status(socket).gpu_regions();
-    if (now == regions) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return now;
-}
-
-// Mappings of simulated device memory in process `pid` (its memfds are
-// named "ckpt-sim-"); -1 where /proc cannot tell.
-int SimulatedMappings(pid_t pid) {
-  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
-  if (!maps) return -1;
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (absl::StrContains(line, "ckpt-sim-alloc")) ++n;
-  }
-  return n;
-}
-
-std::unique_ptr<TestGpu> GpuOrSkip(const std::string& kind) {
-  auto gpu = MakeTestGpu(kind);
-  if (!gpu.ok()) {
-    WARN("skipped: the " << kind << " device: " << gpu.status().ToString());
-    ::ckpt::testing::SkipRequested() = true;
-    return nullptr;
-  }
-  return *std::move(gpu);
-}
-
-std::vector<std::string> GpuFlags(const std::string& kind,
-                                  std::vector<std::string> more = {}) {
-  more.push_back(absl::StrCat("--gpu=", kind));
-  return more;
-}
-
-}  // namespace
 
 TEST_CASE("GPU tensors save and restore bit-exact through a pool smaller "
           "than the state",
@@ -188,52 +137,6 @@ TEST_CASE("ten saves reuse the opened allocations, one freed and allocated "
     rank.Zero();
     REQUIRE(rank.client().Load(rank.LoadRequestFor(absl::StrCat("step-", step))).ok());
     CHECK(rank.Holds(step));
-  }
-}
-
-TEST_CASE("memory the trainer's allocator returns is unmapped by the daemon at "
-          "once, and a later save maps it again where memory is allocated there "
-          "again, and otherwise fails naming the released region",
-          "[integration][gpu][cuda]") {
-  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
-  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
-  if (gpu == nullptr) return;
-  DaemonProcess daemon(GpuFlags(kind));
-  GpuTestRank rank(gpu.get(), daemon.socket(), "freed", 2, 4, kTensorBytes);
-  rank.Upload(1);
-  auto first = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
-  REQUIRE(first.ok());
-  REQUIRE((*first)->WaitCommitted().ok());
-  REQUIRE(AwaitGpuRegions(daemon.socket(), 2) == 2);
-
-  // What the allocator hook does when PyTorch frees allocation 1's segment.
-  const absl::Status released = rank.client().ReleaseGpuMemory(
-      rank.address(1), rank.allocation_bytes(), absl::Seconds(5));
-  INFO(released.ToString());
-  REQUIRE(released.ok());
-  CHECK(AwaitGpuRegions(daemon.socket(), 1) == 1);
-  if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 1);
-
-  SECTION("allocated again") {
-    rank.Reallocate(1);
-    rank.Upload(2);
-    auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
-    INFO(second.status().ToString());
-    REQUIRE(second.ok());
-    REQUIRE((*second)->WaitCommitted().ok());
-    CHECK(AwaitGpuRegions(daemon.socket(), 2) == 2);
-    rank.Zero();
-    REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
-    CHECK(rank.Holds(2));
-  }
-  SECTION("not allocated again") {
-    REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
-    REQUIRE(gpu->Free(rank.address(1)).ok());
-    auto second = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
-    absl::Status failed = second.ok() ? (*second)->WaitStaged() : second.status();
-    INFO(failed.ToString());
-    CHECK(!failed.ok());
-    CHECK(failed.message().find("released region") != absl::string_view::npos);
   }
 }
 
