@@ -286,13 +286,18 @@ absl::StatusOr<uint64_t> Client::DefineLayout(
 
 absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request,
                                                          GpuStreamHandle stream,
-                                                         CallCanceller* canceller) {
+                                                         CallCanceller* canceller,
+                                                         GpuReady ready) {
   request.set_session_token(token_);
   TrainerGpu* gpu = nullptr;
   std::vector<std::string> devices;
   RETURN_IF_ERROR(RefreshGpuRegions(canceller, &gpu, &devices));
-  for (const std::string& uuid : devices) {
-    RETURN_IF_ERROR(gpu->RecordReady(uuid, stream));
+  if (ready == GpuReady::kRecordedBefore) {
+    RETURN_IF_ERROR(TakeRecordedReady(devices));
+  } else {
+    for (const std::string& uuid : devices) {
+      RETURN_IF_ERROR(gpu->RecordReady(uuid, stream));
+    }
   }
   RemapRegionIds(request.mutable_tensors());
   v1::SaveResponse response;

@@ -13,6 +13,11 @@
 //   auto save = (*client)->Save(request, stream);  // records "ready" on it
 //   (*save)->WaitStagedOnStream(stream);  // the stream waits, the CPU not
 //
+// A caller that takes a save at one moment and submits it later from
+// another thread (ckptd.torch: the save call, then its submit thread)
+// records the ready event at that moment with RecordReady(stream), then
+// submits with Save(request, stream, canceller, GpuReady::kRecordedBefore).
+//
 // Before freeing GPU memory under a region, release the region
 // (ReleaseRegions): the daemon keeps the allocation mapped until then. A
 // save notices memory that was freed and allocated again under a region
@@ -212,15 +217,29 @@ class Client {
       const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
       CallCanceller* canceller = nullptr);
 
+  // Records each GPU device's ready event on `stream` now, for the next
+  // Save made with GpuReady::kRecordedBefore: the save then holds the bytes
+  // the trainer's stream had written at this moment, whatever it queued
+  // since. Fails without GPU regions.
+  absl::Status RecordReady(GpuStreamHandle stream) ABSL_LOCKS_EXCLUDED(gpu_mu_);
+
+  // Where a save's GPU copies are ordered after the trainer's writes.
+  enum class GpuReady {
+    kRecordAtSave,    // Save records the ready events on its `stream`
+    kRecordedBefore,  // RecordReady did, for this save; Save checks it
+  };
+
   // Fills in the session token and submits; returns once ACCEPTED. With
   // GPU regions registered, first records each device's ready event on
   // `stream` (after the trainer's last write to the saved tensors; no CPU
-  // wait), re-registering any region whose memory was re-allocated.
-  // Cancelling it (`canceller`) before the daemon answered leaves it
-  // unknown whether the save was accepted: it then runs without a handle.
+  // wait) unless `ready` says RecordReady did (then a device it did not
+  // record on fails the save), and re-registers any region whose memory
+  // was re-allocated. Cancelling it (`canceller`) before the daemon
+  // answered leaves it unknown whether the save was accepted: it then
+  // runs without a handle.
   absl::StatusOr<std::unique_ptr<SaveHandle>> Save(
       v1::SaveRequest request, GpuStreamHandle stream = nullptr,
-      CallCanceller* canceller = nullptr);
+      CallCanceller* canceller = nullptr, GpuReady ready = GpuReady::kRecordAtSave);
 
   // Restores into registered memory; returns once every byte is verified
   // and in place. Byte items too large for one reply together are fetched
@@ -279,6 +298,10 @@ class Client {
   absl::Status ReleaseOverlapping(const std::vector<MemoryRange>& ranges,
                                   absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
+  // The devices RecordReady recorded on since the last save, which are
+  // then forgotten; fails if a device of `devices` is not among them.
+  absl::Status TakeRecordedReady(const std::vector<std::string>& devices)
+      ABSL_LOCKS_EXCLUDED(gpu_mu_);
   // Replaces the application's GPU region ids with the daemon's current ones.
   void RemapRegionIds(google::protobuf::RepeatedPtrField<v1::TensorItem>* tensors)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);
@@ -315,6 +338,8 @@ class Client {
   std::map<uint64_t, GpuRegistration> gpu_regions_ ABSL_GUARDED_BY(gpu_mu_);
   // Devices whose staged events a trainer stream may wait on.
   std::vector<std::string> gpu_devices_ ABSL_GUARDED_BY(gpu_mu_);
+  // Devices RecordReady recorded on, for the next save (TakeRecordedReady).
+  std::vector<std::string> recorded_ready_ ABSL_GUARDED_BY(gpu_mu_);
   TrainerGpu* watched_gpu_ ABSL_GUARDED_BY(gpu_mu_) = nullptr;
   // The watcher and the eventfd that ends it: started once, by the first GPU
   // region; the destructor stops and joins it.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/ckpt_client.h"
@@ -95,6 +96,40 @@ absl::StatusOr<uint64_t> Client::RegisterGpuRegion(uint64_t address,
         [this, stop_fd = watch_stop_.get()] { WatchDaemon(stop_fd); });
   }
   return id;
+}
+
+absl::Status Client::RecordReady(GpuStreamHandle stream) {
+  absl::MutexLock lock(&gpu_mu_);
+  if (gpu_regions_.empty()) {
+    return absl::FailedPreconditionError(
+        "RecordReady: no GPU region is registered, so no save waits for a ready event");
+  }
+  TrainerGpu* gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
+  recorded_ready_.clear();
+  for (const std::string& uuid : gpu_devices_) {
+    RETURN_IF_ERROR(gpu->RecordReady(uuid, stream));
+    recorded_ready_.push_back(uuid);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::TakeRecordedReady(const std::vector<std::string>& devices) {
+  std::vector<std::string> recorded;
+  {
+    absl::MutexLock lock(&gpu_mu_);
+    recorded.swap(recorded_ready_);
+  }
+  for (const std::string& uuid : devices) {
+    if (std::find(recorded.begin(), recorded.end(), uuid) == recorded.end()) {
+      // Without it the copies would wait for an older record of the event,
+      // and could read bytes the trainer had not written yet.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the save reads GPU memory of device ", absl::BytesToHexString(uuid),
+          " but no ready event was recorded there for it (RecordReady before a save made "
+          "with GpuReady::kRecordedBefore)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Client::WatchDaemon(int stop_fd) {

@@ -21,7 +21,9 @@
 // GPU memory: register_gpu_region takes a device pointer of this process;
 // save takes the stream (an int: a cudaStream_t, or SimulatedGpu.stream)
 // on which the trainer's last write to the saved memory was queued, and
-// records the ready event there; SaveHandle.wait_staged_on_stream is the
+// records the ready event there (or record_ready(stream) did, at the moment
+// the save was taken, and save(..., ready_recorded=True) submits it later:
+// ckptd.torch); SaveHandle.wait_staged_on_stream is the
 // GPU-side STAGED (ckpt::SaveHandle::WaitStagedOnStream). The GPU is the
 // CUDA runtime's where libckpt was built with CUDA, or a SimulatedGpu
 // passed to Client (gpu/: device memory in sealed memfds, which a daemon
@@ -408,8 +410,22 @@ class PyClient {
         [&](ckpt::CallCanceller* c) { return client_->DefineLayout(tensors, c); }));
   }
 
+  // Records the ready events on `stream` now, for a save submitted later
+  // with ready_recorded (Client::RecordReady).
+  void RecordReady(uint64_t stream) {
+    absl::Status status;
+    {
+      // Another thread may hold the client's GPU lock while it waits for
+      // the GIL (its canceller polls under it).
+      py::gil_scoped_release release;
+      status = client_->RecordReady(reinterpret_cast<ckpt::GpuStreamHandle>(stream));
+    }
+    Check(status);
+  }
+
   std::unique_ptr<PySaveHandle> Save(const std::string& checkpoint, uint64_t layout_id,
-                                     const py::dict& byte_items, uint64_t stream) {
+                                     const py::dict& byte_items, uint64_t stream,
+                                     bool ready_recorded) {
     ckpt::v1::SaveRequest request;
     request.set_job(client_->options().job);
     request.set_checkpoint(checkpoint);
@@ -422,7 +438,9 @@ class PyClient {
     absl::StatusOr<std::unique_ptr<ckpt::SaveHandle>> handle =
         Interruptibly([&](ckpt::CallCanceller* c) {
           return client_->Save(std::move(request),
-                               reinterpret_cast<ckpt::GpuStreamHandle>(stream), c);
+                               reinterpret_cast<ckpt::GpuStreamHandle>(stream), c,
+                               ready_recorded ? ckpt::Client::GpuReady::kRecordedBefore
+                                              : ckpt::Client::GpuReady::kRecordAtSave);
         });
     return std::make_unique<PySaveHandle>(Value(std::move(handle)));
   }
@@ -516,8 +534,9 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("length"))
       .def("release_regions", &PyClient::ReleaseRegions, py::arg("ids"))
       .def("define_layout", &PyClient::DefineLayout)
+      .def("record_ready", &PyClient::RecordReady, py::arg("stream"))
       .def("save", &PyClient::Save, py::arg("checkpoint"), py::arg("layout_id"),
-           py::arg("byte_items"), py::arg("stream") = 0)
+           py::arg("byte_items"), py::arg("stream") = 0, py::arg("ready_recorded") = false)
       .def("load", &PyClient::Load)
       .def("list", &PyClient::List)
       .def("alive", &PyClient::Alive);

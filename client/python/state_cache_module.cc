@@ -26,6 +26,11 @@
 //   - per VALUE leaf: that it is still a value (no tensor, no container that
 //     flatten.py would walk, no ckptd.Shard).
 //
+// Tensors are CPU or CUDA tensors. A CUDA COPIED tensor is copied on its
+// device, queued on the current stream (the save's ready event, recorded
+// after Match, orders the daemon's copies after it; the CPU does not
+// wait). Checked leaves are host memory: Digest reads them on the CPU.
+//
 // A mismatch returns None and changes nothing; Python then plans afresh. A
 // match copies the COPIED tensors and returns the tensors the daemon will
 // read (for the response to keep alive until STAGED) and the value leaves
@@ -68,6 +73,7 @@ struct Memory {
   c10::SmallVector<int64_t, 5> sizes;
   c10::SmallVector<int64_t, 5> strides;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device{c10::kCPU};
 };
 
 struct Leaf {
@@ -154,6 +160,7 @@ Memory MemoryOf(const at::Tensor& t) {
   m.sizes.assign(t.sizes().begin(), t.sizes().end());
   m.strides.assign(t.strides().begin(), t.strides().end());
   m.dtype = t.scalar_type();
+  m.device = t.device();
   return m;
 }
 
@@ -175,8 +182,9 @@ class StateCache {
       if (leaf.kind == kCopied) {
         if (!IsTensor(t[2].ptr())) throw py::value_error("COPIED leaf without a buffer");
         leaf.copy_to = THPVariable_Unpack(t[2].ptr());
-        if (!leaf.copy_to.is_contiguous() || !leaf.copy_to.is_cpu()) {
-          throw py::value_error("a copy buffer must be a contiguous CPU tensor");
+        if (!leaf.copy_to.is_contiguous() ||
+            !(leaf.copy_to.is_cpu() || leaf.copy_to.is_cuda())) {
+          throw py::value_error("a copy buffer must be a contiguous CPU or CUDA tensor");
         }
       }
       referenced_ += leaf.kind == kReferenced;
@@ -222,7 +230,9 @@ class StateCache {
       }
       const at::Tensor& src = THPVariable_Unpack(o);
       if (src.numel() == 0) continue;
-      if (src.is_contiguous()) {
+      if (leaf.copy_to.is_cuda()) {
+        leaf.copy_to.copy_(src, /*non_blocking=*/true);  // on the current stream
+      } else if (src.is_contiguous()) {
         std::memcpy(leaf.copy_to.data_ptr(), src.data_ptr(), src.nbytes());
       } else {
         leaf.copy_to.copy_(src);
@@ -366,15 +376,19 @@ class StateCache {
     leaf.local_type = py::reinterpret_borrow<py::object>(
         reinterpret_cast<PyObject*>(Py_TYPE(local.ptr())));
     const at::Tensor& t = THPVariable_Unpack(local.ptr());
-    if (!t.is_cpu() || t.layout() != c10::kStrided) {
-      throw py::value_error("only dense CPU tensors are cached");
+    if (!(t.is_cpu() || t.is_cuda()) || t.layout() != c10::kStrided) {
+      throw py::value_error("only dense CPU and CUDA tensors are cached");
+    }
+    if (leaf.checked && !t.is_cpu()) {
+      throw py::value_error("a checked leaf must be in host memory (Digest reads it)");
     }
     if (leaf.kind == kReferenced && !t.is_contiguous()) {
       throw py::value_error("a referenced tensor must be contiguous");
     }
     if (leaf.kind == kCopied && (t.sizes() != leaf.copy_to.sizes() ||
-                                 t.scalar_type() != leaf.copy_to.scalar_type())) {
-      throw py::value_error("a copy buffer of another shape or dtype");
+                                 t.scalar_type() != leaf.copy_to.scalar_type() ||
+                                 t.device() != leaf.copy_to.device())) {
+      throw py::value_error("a copy buffer of another shape, dtype or device");
     }
     leaf.memory = MemoryOf(t);
   }
@@ -533,7 +547,7 @@ class StateCache {
     }
     const at::Tensor& t = THPVariable_Unpack(local);
     const Memory& m = leaf.memory;
-    if (!t.is_cpu() || t.layout() != c10::kStrided || t.scalar_type() != m.dtype ||
+    if (t.device() != m.device || t.layout() != c10::kStrided || t.scalar_type() != m.dtype ||
         !SameVector(t.sizes(), m.sizes)) {
       return nullptr;
     }

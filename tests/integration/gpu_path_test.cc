@@ -111,6 +111,43 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
   CHECK(rank.Holds(2));
 }
 
+TEST_CASE("a ready event recorded when the save is taken orders the copies "
+          "after the writes queued before it, not after work queued since; a "
+          "save that expects one and finds none fails",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "taken", 2, 4, kTensorBytes);
+  rank.Upload(1);
+  // ckptd.torch's order: the ready event at the save call, then more work
+  // on the stream (here a long delay and new bytes), then the save RPC
+  // from another thread. The copies wait for step 1's writes only, so they
+  // run during the delay; a ready event recorded by the RPC would order
+  // them after step 2's writes instead.
+  REQUIRE(rank.client().RecordReady(gpu->stream()).ok());
+  REQUIRE(gpu->Delay(absl::Seconds(3)).ok());
+  rank.Upload(2);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream(), nullptr,
+                                 Client::GpuReady::kRecordedBefore);
+  INFO(save.status().ToString());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitCommitted().ok());
+  REQUIRE(rank.Holds(2));  // the delay is over
+  rank.Zero();
+  REQUIRE(rank.client().Load(rank.LoadRequestFor("step-1")).ok());
+  CHECK(rank.Holds(1));
+
+  // The record was taken by that save: another one needs its own.
+  auto unrecorded = rank.client().Save(rank.SaveRequestFor("step-3"), gpu->stream(),
+                                       nullptr, Client::GpuReady::kRecordedBefore);
+  REQUIRE_FALSE(unrecorded.ok());
+  INFO(unrecorded.status().ToString());
+  CHECK(absl::IsFailedPrecondition(unrecorded.status()));
+  CHECK(absl::StrContains(unrecorded.status().message(), "no ready event was recorded"));
+}
+
 TEST_CASE("ten saves reuse the opened allocations, one freed and allocated "
           "again in between is saved with its new bytes and its old mapping "
           "released",

@@ -97,6 +97,21 @@ def blank(state):
     return out
 
 
+def stored_chunks(socket, job, name):
+    """{fqn: [(offsets, local shape)]} of the chunks a committed checkpoint
+    stores, from `ckptctl inspect --json`."""
+    ckptctl = os.environ.get("CKPTCTL_BINARY") or os.path.join(
+        os.path.dirname(os.environ["CKPTD_BINARY"]), "..", "client", "ckptctl")
+    out = subprocess.run([ckptctl, "--socket", socket, "inspect", "--json", job, name],
+                         capture_output=True, text=True, check=True).stdout
+    chunks = {}
+    for t in json.loads(out)["index"]["tensors"]:
+        chunks.setdefault(t["fqn"], []).append(
+            ([int(o) for o in t.get("offsets", [])],
+             [int(n) for n in t.get("local_shape", [])]))
+    return chunks
+
+
 # ---- multi-rank bodies (run in spawned interpreters) -----------------------
 
 def _init(store, rank, world):
@@ -281,19 +296,7 @@ class TorchApiTest(unittest.TestCase):
         return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
 
     def stored_chunks(self, job, name):
-        """{fqn: [(offsets, local shape)]} of the chunks a committed
-        checkpoint stores, from `ckptctl inspect --json`."""
-        ckptctl = os.environ.get("CKPTCTL_BINARY") or os.path.join(
-            os.path.dirname(os.environ["CKPTD_BINARY"]), "..", "client", "ckptctl")
-        out = subprocess.run([ckptctl, "--socket", self.daemon.socket, "inspect",
-                              "--json", job, name], capture_output=True, text=True,
-                             check=True).stdout
-        chunks = {}
-        for t in json.loads(out)["index"]["tensors"]:
-            chunks.setdefault(t["fqn"], []).append(
-                ([int(o) for o in t.get("offsets", [])],
-                 [int(n) for n in t.get("local_shape", [])]))
-        return chunks
+        return stored_chunks(self.daemon.socket, job, name)
 
     def test_a_nested_get_state_dict_with_adamw_round_trips(self):
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict

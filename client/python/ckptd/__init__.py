@@ -208,7 +208,7 @@ class Client:
         self._connection()
         gpu_tensors = []
         items = self._items(state_dict, replicas, gpu_tensors)
-        stream = self._gpu.stream(gpu_tensors) if gpu_tensors else None
+        stream = self._gpu.stream(self._gpu.device(gpu_tensors)) if gpu_tensors else None
         handle = self._submit(checkpoint, items, dict(byte_items or {}), stream or 0)
         return SaveHandle(handle, [getattr(v, "tensor", v) for v in state_dict.values()],
                           stream)
@@ -256,7 +256,7 @@ class Client:
         if gpu_tensors:
             # The daemon's copies are not ordered after work the trainer
             # queued on the GPU: let that finish before they overwrite.
-            self._gpu.synchronize(gpu_tensors)
+            self._gpu.synchronize(self._gpu.device(gpu_tensors))
         return self._load(checkpoint, items, list(byte_items), allow_missing)
 
     def list(self) -> list:

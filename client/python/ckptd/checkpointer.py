@@ -44,6 +44,18 @@ save call, so its bytes are those of that moment. Tensors that share
 storage with another leaf are never copied (the aliases are found from
 their memory).
 
+GPU tensors (CUDA, or the simulated GPU's memory: the client's
+gpu_memory.py seam) are read in place, however small (a copy per small
+tensor would be a copy launch per tensor at the call); a non-contiguous one
+is copied into a buffer on its device, queued on the current stream. The
+call then records the save's ready event on that stream (step 5 above
+comes later, on the submit thread: recorded there, the event would order
+the daemon's copies after whatever the trainer queued in between), and
+the RPC says it was recorded. Small replicated plain GPU tensors are
+compared between ranks through host copies the submit thread makes on a
+side stream, after an event recorded at the call (gpu_memory.host_bytes).
+The response's wait_staged_on_stream() is the GPU-side STAGED.
+
 Errors found by the exchange or later (bad input on any rank, replicas that
 disagree, the daemon refusing the save, a failed commit) reach the caller
 through the futures, as DCP's do.
@@ -122,6 +134,12 @@ class _Plan:
     buffers: Any = None           # the copy buffers, owned
     index_key: Any = None         # (values, aliases) the index bytes encode
     index_bytes: bytes = b""
+    # GPU tensors (the GPU section of the module comment).
+    gpu: bool = False             # items in GPU memory: a ready event per save
+    gpu_device: Any = None        # their device (gpu_memory.py)
+    gpu_checked: List[torch.Tensor] = dataclasses.field(default_factory=list)
+    gpu_checked_fqns: List[str] = dataclasses.field(default_factory=list)
+    synchronize_copies: bool = False  # GPU copies are host copies: sync first
 
 
 class Checkpointer:
@@ -133,13 +151,15 @@ class Checkpointer:
     at their first save. local_world_size, local_rank and node default to
     torchrun's LOCAL_WORLD_SIZE, LOCAL_RANK and GROUP_RANK (else: one node
     holding every rank, and no local rank: the daemon then names a rank that
-    never connected only where torchrun's numbering tells it).
+    never connected only where torchrun's numbering tells it). `gpu`: None
+    for CUDA tensors, or a ckptd._ckpt.SimulatedGpu whose memory stands for
+    them (ckptd.Client's).
     """
 
     def __init__(self, job: Optional[str] = None, *, socket: Optional[str] = None,
                  process_group=None, check_bytes: int = DEFAULT_CHECK_BYTES,
                  local_world_size: Optional[int] = None, node: Optional[int] = None,
-                 local_rank: Optional[int] = None):
+                 local_rank: Optional[int] = None, gpu: Optional[Any] = None):
         import torch.distributed as dist
         self._exchange = ReplicaExchange(process_group)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -154,7 +174,8 @@ class Checkpointer:
         self.client = ckptd.Client(self.job, self.rank, world,
                                    socket=socket or ckptd.DEFAULT_SOCKET, node=node,
                                    local_world_size=local_world_size,
-                                   local_rank=local_rank)
+                                   local_rank=local_rank, gpu=gpu)
+        self._memory = self.client._gpu  # gpu_memory.py: CUDA, or the simulated GPU
         self._check_bytes = check_bytes
         self._buffers = values_mod.ValueBuffers()
         self._last: Optional[AsyncSaveResponse] = None
@@ -173,18 +194,28 @@ class Checkpointer:
             self._last = None
         self._exchange.open()
         plan, keep, values, error, raised = None, None, None, None, None
-        connection = None
+        connection, mark, stream = None, None, None
         try:
             connection = self.client._connection()  # reconnects to a new daemon
             plan = self._plan
             matched = None
             if (plan is not None and plan.cache is not None
                     and plan.generation == self.client.generation):
+                if plan.synchronize_copies:
+                    self._memory.synchronize(plan.gpu_device)
                 matched = plan.cache.match(state_dict)
             if matched is None:
                 plan, keep, value_leaves = self._new_plan(state_dict)
             else:
                 keep, value_leaves = matched
+            if plan.gpu:
+                # Here, not on the submit thread: the save holds what the
+                # stream has written by the call (the copies just queued
+                # included), whatever the trainer queues after it.
+                stream = self._memory.stream(plan.gpu_device)
+                if plan.gpu_checked and self._exchange.compares:
+                    mark = self._memory.mark(plan.gpu_device)
+                connection.record_ready(stream)
             values = self._encode(plan, value_leaves)
         except ValueError as e:
             error = str(e)  # the peers learn it in the exchange, and fail too
@@ -196,22 +227,32 @@ class Checkpointer:
         # next save replace it before this one is staged).
         response._keep_alive = (keep, plan)
         response._socket = self.client.socket
+        response._stream = stream
 
         def fail(e: BaseException) -> None:
             self._plan = None
             response._fail(response._explain(e))
 
         self._submitter.submit(
-            lambda: self._submit(response, connection, plan, values, error, raised), fail)
+            lambda: self._submit(response, connection, plan, values, error, raised, mark),
+            fail)
         self._last = response
         return response
 
     def _submit(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
-                values, error: Optional[str], raised: Optional[BaseException]) -> None:
+                values, error: Optional[str], raised: Optional[BaseException],
+                mark) -> None:
         """Steps 6 and 7 of a save (the module comment), on the submit thread."""
+        gpu_hosts: List[torch.Tensor] = []
+        if error is None and mark is not None:
+            try:
+                gpu_hosts = self._memory.host_bytes(plan.gpu_device, mark, plan.gpu_checked)
+            except Exception as e:  # noqa: BLE001 - the peers must hear of it
+                error = f"rank {self.rank}: cannot read its GPU tensors to compare them: {e}"
         try:
             holders, merged = self._exchange.exchange(
-                error, lambda: self._key(plan, values), lambda: self._detailed(plan, values))
+                error, lambda: self._key(plan, values, gpu_hosts),
+                lambda: self._detailed(plan, values, gpu_hosts))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
@@ -226,7 +267,8 @@ class Checkpointer:
                 self._set_holders(plan, holders)
             self._fill_values(plan, values)
             index = self._index(plan, values, merged)
-            handle = connection.save(response.checkpoint_id, plan.layout, {INDEX_FQN: index})
+            handle = connection.save(response.checkpoint_id, plan.layout, {INDEX_FQN: index},
+                                     ready_recorded=plan.gpu)
         except ckptd.Error as e:
             self._plan = None
             response._fail(response._explain(e))
@@ -246,6 +288,9 @@ class Checkpointer:
         tensors, raw_values = split_leaves(leaves)
         aliases = find_aliases(tensors, DTYPE_NAMES)
         sharing = set(aliases) | {a.base for a in aliases.values()}
+        on_gpu = {fqn for fqn, e in tensors.items() if self._on_gpu(e.local)}
+        gpu_device = (self._memory.device([tensors[fqn].local for fqn in on_gpu])
+                      if on_gpu else None)
         # Which tensors go through a copy buffer; the arena holds the small ones.
         copied: Dict[str, Tuple[int, int]] = {}  # fqn -> (arena offset, bytes) or (-1, _)
         arena_bytes = 0
@@ -254,23 +299,34 @@ class Checkpointer:
             nbytes = t.numel() * t.element_size()
             if fqn in sharing or nbytes == 0:
                 continue
-            if nbytes <= COPY_MAX_BYTES and arena_bytes + nbytes <= COPY_TOTAL_BYTES:
+            if fqn in on_gpu:
+                if not t.is_contiguous():
+                    copied[fqn] = (-1, nbytes)
+            elif nbytes <= COPY_MAX_BYTES and arena_bytes + nbytes <= COPY_TOTAL_BYTES:
                 copied[fqn] = (arena_bytes, nbytes)
                 arena_bytes += -(-nbytes // _ALIGN) * _ALIGN
             elif not t.is_contiguous():
                 copied[fqn] = (-1, nbytes)
+        synchronize_copies = (not self._memory.copies_on_device
+                              and any(fqn in on_gpu for fqn in copied))
+        if synchronize_copies:
+            self._memory.synchronize(gpu_device)
         arena = torch.empty(max(arena_bytes, 1), dtype=torch.uint8)
         dest: Dict[str, torch.Tensor] = {}
         for fqn, (offset, nbytes) in copied.items():
             t = tensors[fqn].local
-            if offset < 0:
+            if fqn in on_gpu:
+                dest[fqn] = self._memory.buffer_like(t)
+            elif offset < 0:
                 dest[fqn] = torch.empty(t.shape, dtype=t.dtype)
             else:
                 dest[fqn] = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
             dest[fqn].copy_(t)
         generation = self.client.generation
         keep, checked, checked_fqns, structure, cache_leaves = [], [], [], {}, []
+        gpu_checked, gpu_checked_fqns = [], []
         items: List[dict] = []
+        gpu_items = 0
         for fqn, leaf in leaves.items():
             e = tensors.get(fqn)
             if e is None:
@@ -279,21 +335,29 @@ class Checkpointer:
             is_checked = (e.replicas is None and fqn not in aliases
                           and e.local.numel() * e.local.element_size() <= self._check_bytes)
             memory = dest.get(fqn)
+            # GPU memory is compared through host copies (submit thread).
+            memory_on_gpu = fqn in on_gpu and self._on_gpu(memory if memory is not None
+                                                           else e.local)
+            host_checked = is_checked and not memory_on_gpu
             if memory is None:
                 memory = e.local
                 keep.append(e.local)
-                cache_leaves.append((_state_cache.REFERENCED, is_checked, None))
+                cache_leaves.append((_state_cache.REFERENCED, host_checked, None))
             else:
-                cache_leaves.append((_state_cache.COPIED, is_checked, memory))
-            if is_checked:
+                cache_leaves.append((_state_cache.COPIED, host_checked, memory))
+            if host_checked:
                 checked.append(memory)
                 checked_fqns.append(fqn)
+            elif is_checked:
+                gpu_checked.append(memory)
+                gpu_checked_fqns.append(fqn)
             if fqn in aliases:
                 structure[fqn] = ("alias", aliases[fqn])
             elif e.replicas is None:
                 structure[fqn] = ("tensor", DTYPE_NAMES[str(e.local.dtype)], tuple(e.local.shape))
             if fqn not in aliases and memory.numel() != 0:
                 items.append(self._memory_item(fqn, memory))
+                gpu_items += memory_on_gpu
                 items[-1].update(global_shape=list(e.global_shape), offsets=list(e.offsets),
                                  replicas=None if e.replicas is None
                                  else sorted(set(e.replicas)))
@@ -305,7 +369,10 @@ class Checkpointer:
         plan = _Plan(cache=cache, generation=generation, value_fqns=list(raw_values),
                      structure=structure, checked=checked,
                      checked_fqns=checked_fqns, aliases=aliases, items=items,
-                     value_item={}, holders=None, buffers=(arena, dest))
+                     value_item={}, holders=None, buffers=(arena, dest),
+                     gpu=gpu_items > 0, gpu_device=gpu_device, gpu_checked=gpu_checked,
+                     gpu_checked_fqns=gpu_checked_fqns,
+                     synchronize_copies=synchronize_copies)
         return plan, keep, list(raw_values.values())
 
     def _encode(self, plan: _Plan, value_leaves: list) -> Dict[str, Tuple[bytes, bytes]]:
@@ -326,19 +393,21 @@ class Checkpointer:
             local[fqn] = ("value", values_mod.capacity(len(data)), len(data), digest)
         return local
 
-    def _key(self, plan: _Plan, values) -> bytes:
+    def _key(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor]) -> bytes:
         """What ranks compare first (replica_exchange.py): the structure, the
-        values, the checked tensors' bytes as this save holds them."""
+        values, the checked tensors' bytes as this save holds them (the GPU
+        ones' in `gpu_hosts`)."""
         if plan.structure_key is None:
             plan.structure_key = values_mod.digest(
                 pickle.dumps(sorted(plan.structure.items()), protocol=4))
         checked = (plan.cache.digest() if plan.cache is not None
                    else _state_cache.digest_tensors(plan.checked))
+        gpu_checked = _state_cache.digest_tensors(gpu_hosts) if gpu_hosts else b""
         described = sorted((fqn, values_mod.capacity(len(data)), len(data), digest)
                            for fqn, (data, digest) in values.items())
-        return pickle.dumps((plan.structure_key, described, checked), protocol=4)
+        return pickle.dumps((plan.structure_key, described, checked, gpu_checked), protocol=4)
 
-    def _detailed(self, plan: _Plan, values) -> Dict[str, tuple]:
+    def _detailed(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor]) -> Dict[str, tuple]:
         """Descriptions with each checked tensor's own digest: what ranks
         exchange when their digests differ, to name the fqn. The checked
         tensors are the plan's: the copies this save took, or (a matched
@@ -347,7 +416,8 @@ class Checkpointer:
         for fqn, d in plan.structure.items():
             if d[0] == "tensor":
                 local[fqn] = d + (None,)  # above check_bytes: not compared
-        for fqn, t in zip(plan.checked_fqns, plan.checked):
+        for fqn, t in zip(plan.checked_fqns + plan.gpu_checked_fqns,
+                          plan.checked + gpu_hosts):
             d = plan.structure[fqn]
             local[fqn] = describe_tensor(t, d[1], self._check_bytes)
         return local
@@ -405,11 +475,19 @@ class Checkpointer:
                 "length": buf.nbytes, "replicas": sorted(set(replicas)),
                 "address": buf.ctypes.data}
 
+    def _on_gpu(self, t: torch.Tensor) -> bool:
+        """Whether `t` is GPU memory (a CUDA tensor, or the simulated GPU's)."""
+        if t.numel() == 0:
+            return False
+        storage = t.untyped_storage()
+        return self._memory.holds(t, storage.data_ptr(), storage.nbytes())
+
     def _memory_item(self, fqn: str, t: torch.Tensor) -> dict:
-        """The item of contiguous `t`, its memory named by its storage."""
+        """The item of contiguous `t`, its memory named by its storage (a
+        GPU region for GPU memory)."""
         storage = t.untyped_storage()
         base = storage.data_ptr()
-        region = self.client._region(base, storage.nbytes())
+        region = self.client._region(base, storage.nbytes(), self._on_gpu(t))
         return {"fqn": fqn, "dtype": DTYPE_NAMES[str(t.dtype)],
                 "local_shape": list(t.shape), "region": region,
                 "offset": t.data_ptr() - base, "length": t.numel() * t.element_size()}
@@ -428,6 +506,11 @@ class Checkpointer:
         index = Index.decode(first["byte_items"].get(INDEX_FQN))
         leaves, paths = flatten_mod.flatten(state_dict)
         tensors, values = split_leaves(leaves)
+        gpu_targets = [e.local for e in tensors.values() if self._on_gpu(e.local)]
+        if gpu_targets:
+            # The daemon's copies are not ordered after work the trainer
+            # queued on the GPU: let that finish before they overwrite.
+            self._memory.synchronize(self._memory.device(gpu_targets))
         items: List[dict] = []
         after: List[Tuple] = []  # (kind, stored fqn, ...) to finish once loaded
         # The daemon takes each stored box once per request: a box asked for
@@ -443,8 +526,7 @@ class Checkpointer:
             if first is not None:
                 after.append(("copy", source, target, first))
                 return first
-            dest = target if target.is_contiguous() else torch.empty(
-                target.shape, dtype=target.dtype)
+            dest = target if target.is_contiguous() else self._scratch(target, target.shape)
             requested[key] = dest
             items.append(self._load_item(source, dest, global_shape, offsets))
             if dest is not target:
@@ -457,7 +539,7 @@ class Checkpointer:
                 continue
             if alias is not None and not alias.whole:
                 # A view of its base: load the base, copy the view out.
-                base = request(alias.base, torch.empty(alias.base_shape, dtype=e.local.dtype),
+                base = request(alias.base, self._scratch(e.local, alias.base_shape),
                                alias.base_shape, (0,) * len(alias.base_shape))
                 after.append(("view", alias.base, e.local, base, alias))
                 continue
@@ -491,6 +573,13 @@ class Checkpointer:
                 flatten_mod.set_leaf(state_dict, paths[fqn],
                                      values_mod.decode(buf.numpy()[:length].tobytes()))
         return name
+
+    def _scratch(self, like: torch.Tensor, shape) -> torch.Tensor:
+        """A buffer of `shape` and `like`'s dtype that a load fills for
+        `like`: on its GPU if it is GPU memory (gpu_memory.buffer_like)."""
+        if self._on_gpu(like):
+            return self._memory.buffer_like(like, shape)
+        return torch.empty(shape, dtype=like.dtype)
 
     def _load_item(self, fqn, dest: torch.Tensor, global_shape, offsets) -> dict:
         item = self._memory_item(fqn, dest)

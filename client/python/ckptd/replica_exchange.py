@@ -23,9 +23,10 @@ every save would cost the trainer what ckptd saves it). Ranks then:
 
 Every rank sees the same gathered data and so reaches the same verdict:
 either all ranks submit the save, or none does, each raising the same
-error, which names the fqn. A rank whose own input is bad (a GPU tensor, an
-unsupported dtype) takes part with its error instead of a description, so
-that its peers fail too rather than wait for it. Replicas that disagree are
+error, which names the fqn. A rank whose own input is bad (a tensor on a
+device other than the CPU or a GPU, an unsupported dtype) takes part with
+its error instead of a description, so that its peers fail too rather than
+wait for it. Replicas that disagree are
 caught before any byte is written, so the previous checkpoint stays LATEST.
 
 The bytes of replicated tensors above `check_bytes` and of HSDP-replicated

@@ -5,6 +5,14 @@
   tensors. Until then the response itself holds a reference to every tensor
   the daemon reads, so their storage stays alive whatever the caller does
   with its state dict.
+- wait_staged_on_stream() is the GPU-side STAGED of a save with GPU
+  tensors (ckptd.SaveHandle's): it returns once the daemon has queued the
+  copies of this rank's GPU tensors, and makes the stream the save was
+  called on (or `stream`) wait for them, so the optimizer step queued next
+  runs after them while the CPU goes on. It waits on the CPU for the
+  submit thread to have handed the save over (normally long done by the
+  optimizer step). staging_completion still resolves only once every byte
+  is copied, and the response holds the tensors until then.
 - upload_completion resolves once the checkpoint is COMMITTED (every rank's
   part durable, COMMIT written); it fails if the save fails, with the
   daemon's reason (ckptd.errors.SaveFailed), or with DaemonUnavailable if
@@ -38,7 +46,8 @@ class AsyncSaveResponse:
     """Returned by ckptd.torch.async_save; fields as DCP's AsyncSaveResponse."""
 
     __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
-                 "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested")
+                 "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested",
+                 "_stream", "_handed_over")
 
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
@@ -50,12 +59,31 @@ class AsyncSaveResponse:
         # cancel() may come before the submit thread has the save's handle.
         self._lock = threading.Lock()
         self._cancel_requested = False
+        self._stream: Optional[int] = None  # the GPU stream of the save call
+        # Set once the save is submitted (_attach) or has failed (_fail).
+        self._handed_over = threading.Event()
 
     def _fail(self, error: BaseException) -> None:
         self._keep_alive = None
         for future in (self.staging_completion, self.upload_completion):
             if not future.done():
                 future.set_exception(error)
+        self._handed_over.set()
+
+    def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
+        """The GPU-side STAGED (the module comment); raises the save's
+        error if it failed before the daemon queued its copies."""
+        if self._stream is None:
+            raise ValueError("this save has no GPU tensors: wait for staging_completion")
+        self._handed_over.wait()
+        handle = self._handle
+        if handle is None:
+            self.staging_completion.result()  # failed before submission: raises
+            raise AssertionError("a save neither submitted nor failed")
+        try:
+            handle.wait_staged_on_stream(self._stream if stream is None else stream)
+        except errors.CkptdError as e:
+            raise self._explain(e) from None
 
     def _explain(self, error: BaseException) -> BaseException:
         """A lost daemon, said in the user's terms."""
@@ -87,6 +115,7 @@ class AsyncSaveResponse:
         with self._lock:
             self._handle = handle
             cancel = self._cancel_requested
+        self._handed_over.set()
         if cancel:
             try:
                 handle.cancel()

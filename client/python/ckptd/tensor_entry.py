@@ -57,8 +57,8 @@ def tensor_entry(fqn: str, value) -> Optional[TensorEntry]:
     else:
         return None
     t = entry.local
-    if t.device.type != "cpu":
-        raise ValueError(f"{fqn}: only CPU tensors are supported, got {t.device}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fqn}: only CPU and CUDA tensors are supported, got {t.device}")
     if t.layout != torch.strided or getattr(t, "is_nested", False):
         raise ValueError(f"{fqn}: only dense (strided) tensors are supported")
     if str(t.dtype) not in DTYPE_NAMES:

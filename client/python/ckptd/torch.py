@@ -13,6 +13,12 @@ through the node's ckptd daemon.
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
 
+Tensors may be CPU or CUDA tensors (one device per rank). With CUDA
+tensors, response.wait_staged_on_stream() before the optimizer step is the
+GPU-side STAGED: the CPU goes on, and the current stream runs the step
+after the daemon's copies; staging_completion is the CPU wait. The save
+holds what the stream had written by the save call.
+
 What DCP takes, this takes: nested dicts and lists (named by the dotted fqns
 DCP's flatten_state_dict gives, so DCP reads the tensors under the same
 names), DTensors (FSDP2, HSDP; empty local shards included), plain tensors
