@@ -4,8 +4,16 @@
 # project's Debian build dependencies (no gRPC, protobuf, abseil, liburing,
 # xxHash there, and no network): the stripped binaries of a CUDA build, and
 # every shared library they load that is not part of the C/C++ runtime.
-# Run it here after scripts/build.sh; then carry gpu-bundle/ (about 40 MiB)
+# Run it here after scripts/build.sh; then carry gpu-bundle/ (about 50 MiB)
 # to the GPU machine and run scripts/gpu-test.sh there.
+#
+# The Python package is compiled there (scripts/gpu-python-build.sh), against
+# that machine's Python and torch, which need not be ours: gpu-bundle/python/
+# holds what the compiler needs besides the repository's sources: libckpt's
+# static archives (and the CUDA runtime's), the headers of gRPC, protobuf,
+# abseil and xxHash that they were built with, the generated protobuf
+# headers, and link.txt, _ckpt's link line with every library mapped into
+# the bundle (@BUNDLE@ stands for its path there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f build/cuda/libckpt_cuda.a ]; then
@@ -36,4 +44,46 @@ for lib in $(ldd "${binaries[@]}" | awk '/=> \//{print $3}' | sort -u); do
     *) cp -L "$lib" gpu-bundle/lib/ ;;
   esac
 done
+
+# --- the Python package's inputs (see the top) ---
+link_file=build/client/python/CMakeFiles/_ckpt.dir/link.txt
+[ -f "$link_file" ] || { echo "gpu-bundle.sh: build/ has no ckptd._ckpt (see scripts/build.sh)" >&2; exit 1; }
+py=gpu-bundle/python
+mkdir -p "$py/lib" "$py/include/ckpt/v1"
+# A shared library, by its SONAME, into gpu-bundle/lib (once); prints its
+# path there.
+bundle_shared() {
+  local soname
+  soname=$(objdump -p "$1" | awk '$1 == "SONAME" {print $2}')
+  [ -n "$soname" ] || { echo "gpu-bundle.sh: $1 has no SONAME" >&2; exit 1; }
+  [ -f "gpu-bundle/lib/$soname" ] || cp -L "$1" "gpu-bundle/lib/$soname"
+  echo "@BUNDLE@/lib/$soname"
+}
+: > "$py/link.txt"
+# The tokens after the object file: archives, shared libraries, flags.
+for token in $(sed -e 's/^.* [^ ]*\.o //' "$link_file"); do
+  case "$token" in
+    */librt.a) echo "-lrt" ;;
+    *.a)
+      archive=$token
+      [ "${archive#/}" = "$archive" ] && archive="build/client/python/$archive"
+      strip --strip-debug -o "$py/lib/$(basename "$archive")" "$archive"
+      echo "@BUNDLE@/python/lib/$(basename "$archive")" ;;
+    /*.so|/*.so.*) bundle_shared "$token" ;;
+    -L*) ;;
+    -lm|-lrt|-ldl|-lpthread|-latomic|-pthread|-Wl,*) echo "$token" ;;
+    -l*)
+      lib=$(ldconfig -p | awk -v n="lib${token#-l}.so" '$1 == n {print $NF; exit}')
+      [ -n "$lib" ] || { echo "gpu-bundle.sh: cannot find $token" >&2; exit 1; }
+      bundle_shared "$lib" ;;
+    *) echo "gpu-bundle.sh: unexpected link token $token" >&2; exit 1 ;;
+  esac
+done >> "$py/link.txt"
+cp build/proto/ckpt/v1/*.pb.h "$py/include/ckpt/v1/"
+for dir in absl google/protobuf grpc grpcpp grpc++; do
+  mkdir -p "$py/include/$(dirname "$dir")"
+  cp -r "/usr/include/$dir" "$py/include/$dir"
+done
+cp /usr/include/xxhash.h "$py/include/"
+bundle_shared "$(ldconfig -p | awk '$1 == "libxxhash.so.0" {print $NF; exit}')" >/dev/null
 du -sh gpu-bundle

@@ -3,7 +3,10 @@
 # scripts/gpu-bundle.sh made (carried to the machine as gpu-bundle/): the
 # GPU benchmark (bench/run_gpu_benchmarks.sh), the [cuda] unit tests and
 # the GPU-path integration tests on the real device (and on the simulated
-# one). Results go to
+# one), then the Python package, built here against this machine's Python
+# and torch (scripts/gpu-python-build.sh), and its GPU tests: CUDA tensors
+# of two processes through ckptd.torch (tests/python/test_torch_cuda.py),
+# and the simulated device's. Results go to
 # $OUT (default: gpu-results/).
 #
 #   scripts/gpu-test.sh [--tests-only | --bench-only]
@@ -37,6 +40,18 @@ if [ "$mode" != "--bench-only" ]; then
   echo "unit tests exit $?" | tee -a "$out/summary.txt"
   timeout 240 "$bundle/bin/ckpt_integration_tests" '[gpu]' --durations yes > "$out/integration.txt" 2>&1
   echo "integration tests exit $?" | tee -a "$out/summary.txt"
+  timeout 300 scripts/gpu-python-build.sh "$PWD/gpu-python" > "$out/python-build.txt" 2>&1
+  echo "python build exit $?" | tee -a "$out/summary.txt"
+  (
+    cd tests/python
+    export PYTHONPATH="$OLDPWD/gpu-python" CKPTD_BINARY="$bundle/bin/ckptd" \
+      CKPTCTL_BINARY="$bundle/bin/ckptctl"
+    timeout 300 "${PYTHON:-python3}" test_torch_cuda.py -v
+    echo "python cuda tests exit $?" >> "$out/summary.txt"
+    timeout 300 "${PYTHON:-python3}" -m unittest -v test_torch_gpu test_gpu
+    echo "python simulated-device tests exit $?" >> "$out/summary.txt"
+  ) > "$out/python.txt" 2>&1
+  grep "python .* tests exit" "$out/summary.txt"
 fi
 grep -q "exit [^0]" "$out/summary.txt" && status=1
 exit $status

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the Python package `ckptd` on a GPU machine, from the repository's
+# sources and what scripts/gpu-bundle.sh put in gpu-bundle/python/, against
+# that machine's Python and torch (which need not be the development
+# machine's: the extensions are compiled here, with this machine's C++
+# compiler; libckpt itself comes prebuilt in the bundle).
+#
+#   scripts/gpu-python-build.sh [OUTPUT_DIR]    # default: gpu-python/
+#
+# Then PYTHONPATH=OUTPUT_DIR imports ckptd (ckptd._ckpt, with CUDA;
+# ckptd._state_cache, so ckptd.torch; ckptd._allocator_hook where torch has
+# CUDA and the CUDA headers are found). PYTHON (default python3) and CXX
+# (default c++) choose the interpreter and the compiler.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+bundle=$repo/gpu-bundle
+py=$bundle/python
+out=${1:-$repo/gpu-python}
+python=${PYTHON:-python3}
+cxx=${CXX:-c++}
+[ -f "$py/link.txt" ] || { echo "gpu-python-build.sh: $py/link.txt is missing (run scripts/gpu-bundle.sh on the development machine)" >&2; exit 1; }
+
+read_python() { "$python" -c "$1"; }
+suffix=$(read_python 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+python_include=$(read_python 'import sysconfig; print(sysconfig.get_paths()["include"])')
+[ -f "$python_include/Python.h" ] || { echo "gpu-python-build.sh: no Python.h in $python_include (the Python development headers)" >&2; exit 1; }
+torch_dir=$(read_python 'import os, torch; print(os.path.dirname(torch.__file__))')
+# torch's own C++ ABI, which every module that includes its headers must use.
+torch_abi=$(read_python 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
+pybind11_include=$(read_python 'import pybind11; print(pybind11.get_include())' 2>/dev/null ||
+                   echo "$torch_dir/include")
+cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
+common=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -pthread -shared)
+mapfile -t ckpt_libs < <(sed "s|@BUNDLE@|$bundle|" "$py/link.txt")
+mkdir -p "$out/ckptd"
+cp client/python/ckptd/*.py "$out/ckptd/"
+
+# The three compile in parallel; each logs to OUTPUT_DIR/NAME.log. _ckpt
+# finds the bundle's libraries through an RPATH (not a RUNPATH, which
+# the libraries' own dependencies would not see).
+"$cxx" "${common[@]}" -DCKPT_HAVE_CUDA=1 -I"$repo" -I"$py/include" \
+  -isystem "$python_include" -isystem "$pybind11_include" \
+  -o "$out/ckptd/_ckpt$suffix" client/python/ckpt_module.cc "${ckpt_libs[@]}" \
+  -Wl,--disable-new-dtags,-rpath,"$bundle/lib" -Wl,-rpath-link,"$bundle/lib" \
+  > "$out/_ckpt.log" 2>&1 &
+ckpt_pid=$!
+torch_flags=(-D_GLIBCXX_USE_CXX11_ABI="$torch_abi" -isystem "$torch_dir/include"
+             -isystem "$torch_dir/include/torch/csrc/api/include" -isystem "$python_include"
+             -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib")
+"$cxx" "${common[@]}" -I"$py/include" "${torch_flags[@]}" \
+  -o "$out/ckptd/_state_cache$suffix" client/python/state_cache_module.cc \
+  -ltorch_python -ltorch_cpu -lc10 "$bundle/lib/libxxhash.so.0" \
+  -Wl,-rpath,"$bundle/lib" > "$out/_state_cache.log" 2>&1 &
+cache_pid=$!
+hook_pid=
+if [ -f "$torch_dir/lib/libc10_cuda.so" ] && [ -f "$cuda_include/cuda_runtime_api.h" ]; then
+  "$cxx" "${common[@]}" "${torch_flags[@]}" -isystem "$cuda_include" \
+    -o "$out/ckptd/_allocator_hook$suffix" client/python/allocator_hook_module.cc \
+    -lc10_cuda -lc10 > "$out/_allocator_hook.log" 2>&1 &
+  hook_pid=$!
+else
+  echo "gpu-python-build.sh: no CUDA torch or no $cuda_include: ckptd._allocator_hook is not built"
+fi
+status=0
+for job in "_ckpt:$ckpt_pid" "_state_cache:$cache_pid" ${hook_pid:+"_allocator_hook:$hook_pid"}; do
+  if ! wait "${job#*:}"; then
+    echo "gpu-python-build.sh: ckptd.${job%%:*} failed:" >&2
+    tail -30 "$out/${job%%:*}.log" >&2
+    status=1
+  fi
+done
+[ $status = 0 ] && echo "gpu-python-build.sh: ckptd built in $out for $("$python" --version 2>&1), torch $(read_python 'import torch; print(torch.__version__)')"
+exit $status
