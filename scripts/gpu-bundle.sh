@@ -14,49 +14,57 @@
 # abseil and xxHash that they were built with, the generated protobuf
 # headers, and link.txt, _ckpt's link line with every library mapped into
 # the bundle (@BUNDLE@ stands for its path there).
+#
+# CKPT_BUILD_DIR (default build) and GPU_BUNDLE_DIR (default gpu-bundle)
+# choose the build it packs and where the bundle goes (the test of this
+# path, tests/gpu_bundle_test.sh, packs into a temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -f build/cuda/libckpt_cuda.a ]; then
-  echo "gpu-bundle.sh: build/ has no CUDA build (install the CUDA toolkit, run scripts/build.sh)" >&2
+build=${CKPT_BUILD_DIR:-build}
+dest=${GPU_BUNDLE_DIR:-gpu-bundle}
+if [ ! -f "$build/cuda/libckpt_cuda.a" ]; then
+  echo "gpu-bundle.sh: $build/ has no CUDA build (install the CUDA toolkit, run scripts/build.sh)" >&2
   exit 1
 fi
 binaries=(
-  build/daemon/ckptd
-  build/client/ckptctl
-  build/bench/ckpt-gpu-bench
-  build/tests/ckpt_unit_tests
-  build/tests/ckpt_integration_tests
-  build/tests/ckpt-gpu-trainer
-  build/tests/ckpt-binding-probe
-  build/tests/ckpt-access-probe
+  "$build/daemon/ckptd"
+  "$build/client/ckptctl"
+  "$build/bench/ckpt-gpu-bench"
+  "$build/tests/ckpt_unit_tests"
+  "$build/tests/ckpt_integration_tests"
+  "$build/tests/ckpt-gpu-trainer"
+  "$build/tests/ckpt-binding-probe"
+  "$build/tests/ckpt-access-probe"
 )
-rm -rf gpu-bundle
-mkdir -p gpu-bundle/bin gpu-bundle/lib
+rm -rf "$dest"
+mkdir -p "$dest/bin" "$dest/lib"
 for b in "${binaries[@]}"; do
   [ -x "$b" ] || { echo "gpu-bundle.sh: $b is missing" >&2; exit 1; }
-  strip -o "gpu-bundle/bin/$(basename "$b")" "$b"
+  strip -o "$dest/bin/$(basename "$b")" "$b"
 done
 # The libraries every Linux has (the C runtime, libstdc++, libgcc, the
 # dynamic loader) are the machine's own; everything else travels.
 for lib in $(ldd "${binaries[@]}" | awk '/=> \//{print $3}' | sort -u); do
   case "$(basename "$lib")" in
     libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|libstdc++.so.*|libgcc_s.so.*) ;;
-    *) cp -L "$lib" gpu-bundle/lib/ ;;
+    *) cp -L "$lib" "$dest/lib/" ;;
   esac
 done
 
 # --- the Python package's inputs (see the top) ---
-link_file=build/client/python/CMakeFiles/_ckpt.dir/link.txt
-[ -f "$link_file" ] || { echo "gpu-bundle.sh: build/ has no ckptd._ckpt (see scripts/build.sh)" >&2; exit 1; }
-py=gpu-bundle/python
+link_file=$build/client/python/CMakeFiles/_ckpt.dir/link.txt
+[ -f "$link_file" ] || { echo "gpu-bundle.sh: $build/ has no ckptd._ckpt (see scripts/build.sh)" >&2; exit 1; }
+py=$dest/python
+# Not on a non-root user's PATH on Debian.
+ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
 mkdir -p "$py/lib" "$py/include/ckpt/v1"
-# A shared library, by its SONAME, into gpu-bundle/lib (once); prints its
-# path there.
+# A shared library, by its SONAME, into the bundle's lib/ (once); prints
+# its path there.
 bundle_shared() {
   local soname
   soname=$(objdump -p "$1" | awk '$1 == "SONAME" {print $2}')
   [ -n "$soname" ] || { echo "gpu-bundle.sh: $1 has no SONAME" >&2; exit 1; }
-  [ -f "gpu-bundle/lib/$soname" ] || cp -L "$1" "gpu-bundle/lib/$soname"
+  [ -f "$dest/lib/$soname" ] || cp -L "$1" "$dest/lib/$soname"
   echo "@BUNDLE@/lib/$soname"
 }
 : > "$py/link.txt"
@@ -66,24 +74,24 @@ for token in $(sed -e 's/^.* [^ ]*\.o //' "$link_file"); do
     */librt.a) echo "-lrt" ;;
     *.a)
       archive=$token
-      [ "${archive#/}" = "$archive" ] && archive="build/client/python/$archive"
+      [ "${archive#/}" = "$archive" ] && archive="$build/client/python/$archive"
       strip --strip-debug -o "$py/lib/$(basename "$archive")" "$archive"
       echo "@BUNDLE@/python/lib/$(basename "$archive")" ;;
     /*.so|/*.so.*) bundle_shared "$token" ;;
     -L*) ;;
     -lm|-lrt|-ldl|-lpthread|-latomic|-pthread|-Wl,*) echo "$token" ;;
     -l*)
-      lib=$(ldconfig -p | awk -v n="lib${token#-l}.so" '$1 == n {print $NF; exit}')
+      lib=$("$ldconfig" -p | awk -v n="lib${token#-l}.so" '$1 == n {print $NF; exit}')
       [ -n "$lib" ] || { echo "gpu-bundle.sh: cannot find $token" >&2; exit 1; }
       bundle_shared "$lib" ;;
     *) echo "gpu-bundle.sh: unexpected link token $token" >&2; exit 1 ;;
   esac
 done >> "$py/link.txt"
-cp build/proto/ckpt/v1/*.pb.h "$py/include/ckpt/v1/"
+cp "$build"/proto/ckpt/v1/*.pb.h "$py/include/ckpt/v1/"
 for dir in absl google/protobuf grpc grpcpp grpc++; do
   mkdir -p "$py/include/$(dirname "$dir")"
   cp -r "/usr/include/$dir" "$py/include/$dir"
 done
 cp /usr/include/xxhash.h "$py/include/"
-bundle_shared "$(ldconfig -p | awk '$1 == "libxxhash.so.0" {print $NF; exit}')" >/dev/null
-du -sh gpu-bundle
+bundle_shared "$("$ldconfig" -p | awk '$1 == "libxxhash.so.0" {print $NF; exit}')" >/dev/null
+du -sh "$dest"

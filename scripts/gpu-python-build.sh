@@ -10,11 +10,12 @@
 # Then PYTHONPATH=OUTPUT_DIR imports ckptd (ckptd._ckpt, with CUDA;
 # ckptd._state_cache, so ckptd.torch; ckptd._allocator_hook where torch has
 # CUDA and the CUDA headers are found). PYTHON (default python3) and CXX
-# (default c++) choose the interpreter and the compiler.
+# (default c++) choose the interpreter and the compiler, GPU_BUNDLE_DIR
+# (default gpu-bundle) the bundle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-bundle=$repo/gpu-bundle
+bundle=$(realpath "${GPU_BUNDLE_DIR:-gpu-bundle}")
 py=$bundle/python
 out=${1:-$repo/gpu-python}
 python=${PYTHON:-python3}

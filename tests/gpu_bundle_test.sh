@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU machine's path, rehearsed here: scripts/gpu-bundle.sh packs the
+# build given as $1, scripts/gpu-python-build.sh compiles the Python package
+# from the repository and that bundle alone (with the interpreter $2), and
+# the package it made saves and restores GPU tensors of the simulated device
+# through the bundle's daemon (tests/python/test_torch_gpu.py). Without it,
+# a break in the bundle would show only on a GPU machine, whose time is
+# scarce.
+set -euo pipefail
+build=$1
+python=$2
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+CKPT_BUILD_DIR=$build GPU_BUNDLE_DIR=$tmp/gpu-bundle "$repo/scripts/gpu-bundle.sh"
+GPU_BUNDLE_DIR=$tmp/gpu-bundle PYTHON=$python "$repo/scripts/gpu-python-build.sh" "$tmp/gpu-python"
+cd "$repo/tests/python"
+# The package must need nothing from the build tree: no PYTHONPATH to it,
+# and the bundle's daemon.
+export PYTHONPATH="$tmp/gpu-python" CKPTD_BINARY="$tmp/gpu-bundle/bin/ckptd" \
+  CKPTCTL_BINARY="$tmp/gpu-bundle/bin/ckptctl"
+"$python" -c "import ckptd._ckpt as m, sys; sys.exit(not m.__file__.startswith('$tmp/'))" ||
+  { echo "gpu_bundle_test.sh: ckptd was not imported from the package just built" >&2; exit 1; }
+"$python" -m unittest -v test_torch_gpu
