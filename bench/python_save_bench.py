@@ -7,7 +7,13 @@ tensors of 16 KiB (16 MiB; the save call does not depend on the bytes):
     before and after the Python runs;
   - ckptd.torch.async_save with plain tensors, with DTensors on a 1-process
     gloo mesh, and Checkpointer.async_save (the layer below), each over
-    --saves saves after a first, untimed one.
+    --saves saves after a first, untimed one;
+  - Checkpointer.async_save of the same tensors in GPU memory of the
+    simulated device (the daemon runs with --gpu=simulated; each tensor
+    its own storage, in 4 allocations): the call with its ready event,
+    and the trainer's CPU blocked until the GPU-side STAGED
+    (wait_staged_on_stream) returns. The copies are memcpy on the
+    simulated streams, so only the CPU work of the path is real.
 
 Each Python save is timed around the call alone (perf_counter_ns), and to
 its STAGED (staging_completion: the daemon accepted the save and copied
@@ -65,12 +71,13 @@ class GcCounter:
             self.pause_ns += time.perf_counter_ns() - self._start
 
 
-def time_saves(name, save, saves):
-    """save(checkpoint_id) -> response; returns the figures of `saves` timed calls."""
+def time_saves(name, save, saves, on_stream=False):
+    """save(checkpoint_id) -> response; returns the figures of `saves` timed
+    calls (`on_stream`: also the call plus the GPU-side STAGED)."""
     save("warm-0").upload_completion.result()  # plans, registers, defines the layout
     counter = GcCounter()
     gc.callbacks.append(counter)
-    times, staged = [], []
+    times, staged, blocked = [], [], []
     gen0_before = gc.get_count()[0]
     try:
         for i in range(1, saves + 1):
@@ -80,6 +87,9 @@ def time_saves(name, save, saves):
             t1 = time.perf_counter_ns()
             counter.in_call = False
             times.append((t1 - t0) / 1e6)
+            if on_stream:
+                response.wait_staged_on_stream()
+                blocked.append((time.perf_counter_ns() - t0) / 1e6)
             response.staging_completion.result()
             staged.append((time.perf_counter_ns() - t0) / 1e6)
             response.upload_completion.result()
@@ -90,7 +100,7 @@ def time_saves(name, save, saves):
     # collection: meaningful only when no collection ran in the loop.
     net = (round((gen0_after - gen0_before) / saves, 2)
            if sum(counter.total) == 0 else None)
-    return {"measurement": name, "saves": saves, "tensors": TENSORS,
+    figures = {"measurement": name, "saves": saves, "tensors": TENSORS,
             "save_call_ms_p50": round(statistics.median(times), 3),
             "save_call_ms_p99": round(percentile(times, 99), 3),
             "save_call_ms_max": round(max(times), 3),
@@ -99,6 +109,28 @@ def time_saves(name, save, saves):
             "gc_collections_in_loop": counter.total,
             "gc_pause_ms_in_loop": round(counter.pause_ns / 1e6, 3),
             "gc_gen0_growth_per_save": net}
+    if blocked:
+        figures["blocked_to_gpu_staged_ms_p50"] = round(statistics.median(blocked), 3)
+        figures["blocked_to_gpu_staged_ms_p99"] = round(percentile(blocked, 99), 3)
+    return figures
+
+
+def simulated_gpu_state(gpu):
+    """TENSORS float32 tensors of SHAPE in memory of a SimulatedGpu, each
+    over its own storage (as CUDA tensors of a model are), in 4
+    allocations."""
+    import ctypes
+    import torch
+    nbytes = SHAPE[0] * SHAPE[1] * 4
+    per = TENSORS // 4
+    state = {}
+    for a in range(4):
+        base = gpu.allocate(per * nbytes)
+        for i in range(per):
+            raw = (ctypes.c_uint8 * nbytes).from_address(base + i * nbytes)
+            t = torch.frombuffer(raw, dtype=torch.float32).view(SHAPE)
+            state[f"layer{a * per + i}.weight"] = t
+    return {"model": state}
 
 
 def loadgen(build, socket, job, saves):
@@ -135,7 +167,7 @@ def main():
     daemon = subprocess.Popen(
         [os.path.join(build, "daemon", "ckptd"), "--socket", socket, "--root",
          os.path.join(directory, "root"), "--pool_bytes", str(256 << 20), "--keep_last", "2",
-         "--max_sessions", "64", "--max_connections", "256"],
+         "--max_sessions", "64", "--max_connections", "256", "--gpu=simulated"],
         stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -156,6 +188,16 @@ def main():
             plain, checkpoint_id=c), args.saves))
         print(json.dumps(results[-1]), flush=True)
         del plain, low
+
+        gpu = ckptd._ckpt.SimulatedGpu()
+        on_gpu = simulated_gpu_state(gpu)
+        low_gpu = Checkpointer("gpu", socket=socket, gpu=gpu)
+        results.append(time_saves("python_checkpointer_async_save_simulated_gpu",
+                                  lambda c: low_gpu.async_save(on_gpu, checkpoint_id=c),
+                                  args.saves, on_stream=True))
+        print(json.dumps(results[-1]), flush=True)
+        gpu.synchronize()
+        del on_gpu, low_gpu
 
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor

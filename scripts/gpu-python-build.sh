@@ -27,20 +27,38 @@ suffix=$(read_python 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFF
 python_include=$(read_python 'import sysconfig; print(sysconfig.get_paths()["include"])')
 [ -f "$python_include/Python.h" ] || { echo "gpu-python-build.sh: no Python.h in $python_include (the Python development headers)" >&2; exit 1; }
 torch_dir=$(read_python 'import os, torch; print(os.path.dirname(torch.__file__))')
+read_python 'import numpy' || { echo "gpu-python-build.sh: $python has no numpy, which ckptd needs" >&2; exit 1; }
 # torch's own C++ ABI, which every module that includes its headers must use.
 torch_abi=$(read_python 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 pybind11_include=$(read_python 'import pybind11; print(pybind11.get_include())' 2>/dev/null ||
                    echo "$torch_dir/include")
-cuda_include=${CUDA_HOME:-/usr/local/cuda}/include
+# The CUDA runtime's headers (for the allocator hook): the toolkit's, or
+# those of the NVIDIA wheels torch was installed with.
+cuda_include=
+for dir in "${CUDA_HOME:-/usr/local/cuda}/include" $(read_python '
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except ImportError:
+    roots = []
+for root in roots:
+    for header in glob.glob(os.path.join(root, "*", "include", "cuda_runtime_api.h")) + \
+            glob.glob(os.path.join(root, "*", "*", "include", "cuda_runtime_api.h")):
+        print(os.path.dirname(header))'); do
+  if [ -f "$dir/cuda_runtime_api.h" ]; then cuda_include=$dir; break; fi
+done
 common=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -pthread -shared)
 mapfile -t ckpt_libs < <(sed "s|@BUNDLE@|$bundle|" "$py/link.txt")
 mkdir -p "$out/ckptd"
 cp client/python/ckptd/*.py "$out/ckptd/"
 
-# The three compile in parallel; each logs to OUTPUT_DIR/NAME.log. _ckpt
-# finds the bundle's libraries through an RPATH (not a RUNPATH, which
-# the libraries' own dependencies would not see).
-"$cxx" "${common[@]}" -DCKPT_HAVE_CUDA=1 -I"$repo" -I"$py/include" \
+# The three compile in parallel; each logs to OUTPUT_DIR/NAME.log, and
+# lists the headers it read in OUTPUT_DIR/NAME.d (tests/gpu_bundle_test.sh
+# checks that none came from outside the bundle). _ckpt finds the bundle's
+# libraries through an RPATH (not a RUNPATH, which the libraries' own
+# dependencies would not see).
+"$cxx" "${common[@]}" -MD -MF "$out/_ckpt.d" -DCKPT_HAVE_CUDA=1 -I"$repo" -I"$py/include" \
   -isystem "$python_include" -isystem "$pybind11_include" \
   -o "$out/ckptd/_ckpt$suffix" client/python/ckpt_module.cc "${ckpt_libs[@]}" \
   -Wl,--disable-new-dtags,-rpath,"$bundle/lib" -Wl,-rpath-link,"$bundle/lib" \
@@ -49,19 +67,19 @@ ckpt_pid=$!
 torch_flags=(-D_GLIBCXX_USE_CXX11_ABI="$torch_abi" -isystem "$torch_dir/include"
              -isystem "$torch_dir/include/torch/csrc/api/include" -isystem "$python_include"
              -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib")
-"$cxx" "${common[@]}" -I"$py/include" "${torch_flags[@]}" \
+"$cxx" "${common[@]}" -MD -MF "$out/_state_cache.d" -I"$py/include" "${torch_flags[@]}" \
   -o "$out/ckptd/_state_cache$suffix" client/python/state_cache_module.cc \
   -ltorch_python -ltorch_cpu -lc10 "$bundle/lib/libxxhash.so.0" \
   -Wl,-rpath,"$bundle/lib" > "$out/_state_cache.log" 2>&1 &
 cache_pid=$!
 hook_pid=
-if [ -f "$torch_dir/lib/libc10_cuda.so" ] && [ -f "$cuda_include/cuda_runtime_api.h" ]; then
+if [ -f "$torch_dir/lib/libc10_cuda.so" ] && [ -n "$cuda_include" ]; then
   "$cxx" "${common[@]}" "${torch_flags[@]}" -isystem "$cuda_include" \
     -o "$out/ckptd/_allocator_hook$suffix" client/python/allocator_hook_module.cc \
     -lc10_cuda -lc10 > "$out/_allocator_hook.log" 2>&1 &
   hook_pid=$!
 else
-  echo "gpu-python-build.sh: no CUDA torch or no $cuda_include: ckptd._allocator_hook is not built"
+  echo "gpu-python-build.sh: ckptd._allocator_hook is not built (no CUDA torch, or no cuda_runtime_api.h found)"
 fi
 status=0
 for job in "_ckpt:$ckpt_pid" "_state_cache:$cache_pid" ${hook_pid:+"_allocator_hook:$hook_pid"}; do

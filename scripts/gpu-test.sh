@@ -42,10 +42,20 @@ if [ "$mode" != "--bench-only" ]; then
   echo "integration tests exit $?" | tee -a "$out/summary.txt"
   timeout 300 scripts/gpu-python-build.sh "$PWD/gpu-python" > "$out/python-build.txt" 2>&1
   echo "python build exit $?" | tee -a "$out/summary.txt"
+  grep "is not built" "$out/python-build.txt" | tee -a "$out/summary.txt"
   (
+    # The bundle's libraries for its binaries only: this machine's Python
+    # and torch load their own (_ckpt finds the bundle's by its RPATH).
+    wrappers=$(mktemp -d)
+    for b in ckptd ckptctl; do
+      printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LD_LIBRARY_PATH" \
+        "$bundle/bin/$b" > "$wrappers/$b"
+      chmod +x "$wrappers/$b"
+    done
+    unset LD_LIBRARY_PATH
     cd tests/python
-    export PYTHONPATH="$OLDPWD/gpu-python" CKPTD_BINARY="$bundle/bin/ckptd" \
-      CKPTCTL_BINARY="$bundle/bin/ckptctl"
+    export PYTHONPATH="$OLDPWD/gpu-python" CKPTD_BINARY="$wrappers/ckptd" \
+      CKPTCTL_BINARY="$wrappers/ckptctl"
     timeout 300 "${PYTHON:-python3}" test_torch_cuda.py -v
     echo "python cuda tests exit $?" >> "$out/summary.txt"
     timeout 300 "${PYTHON:-python3}" -m unittest -v test_torch_gpu test_gpu

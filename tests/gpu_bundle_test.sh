@@ -14,6 +14,27 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 CKPT_BUILD_DIR=$build GPU_BUNDLE_DIR=$tmp/gpu-bundle "$repo/scripts/gpu-bundle.sh"
 GPU_BUNDLE_DIR=$tmp/gpu-bundle PYTHON=$python "$repo/scripts/gpu-python-build.sh" "$tmp/gpu-python"
+# Every header came from the repository, the bundle, Python, torch or the
+# C/C++ runtime: a header found in this machine's /usr/include instead is
+# one the GPU machine lacks.
+leaks=$(sed -e 's/\\$//' -e 's/^[^:]*://' "$tmp"/gpu-python/*.d | tr ' ' '\n' |
+        grep -E '^/usr/(local/)?include/' |
+        grep -vE '^/usr/include/([^/]+\.h|x86_64-linux-gnu/|linux/|asm-generic/|c\+\+/|python3)' |
+        sort -u || true)
+if [ -n "$leaks" ]; then
+  echo "gpu_bundle_test.sh: headers the bundle lacks:" >&2
+  echo "$leaks" >&2
+  exit 1
+fi
+# And every library _ckpt loads beyond the C/C++ runtime is the bundle's.
+outside=$(env -u LD_LIBRARY_PATH ldd "$tmp"/gpu-python/ckptd/_ckpt*.so | awk '/=> \//{print $3}' |
+          grep -v "^$tmp/gpu-bundle/lib/" |
+          grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s)\.so' || true)
+if [ -n "$outside" ]; then
+  echo "gpu_bundle_test.sh: _ckpt loads libraries from outside the bundle:" >&2
+  echo "$outside" >&2
+  exit 1
+fi
 cd "$repo/tests/python"
 # The package must need nothing from the build tree: no PYTHONPATH to it,
 # and the bundle's daemon.

@@ -33,7 +33,8 @@
 //
 // A mismatch returns None and changes nothing; Python then plans afresh. A
 // match copies the COPIED tensors and returns the tensors the daemon will
-// read (for the response to keep alive until STAGED) and the value leaves
+// read and the sources of device copies (for the response to keep alive
+// until STAGED) and the value leaves
 // (for Python to pickle).
 //
 // Digest() hashes (XXH3-128) the bytes of the leaves the plan marked as
@@ -187,7 +188,9 @@ class StateCache {
           throw py::value_error("a copy buffer must be a contiguous CPU or CUDA tensor");
         }
       }
-      referenced_ += leaf.kind == kReferenced;
+      // Kept alive by the response: what the daemon reads, and the source
+      // of a device copy, which is only queued when Match returns.
+      kept_ += leaf.kind == kReferenced || (leaf.kind == kCopied && leaf.copy_to.is_cuda());
       values_ += leaf.kind == kValue;
       leaves_.push_back(std::move(leaf));
     }
@@ -205,7 +208,7 @@ class StateCache {
     // objects, slots set) no Python object is allocated, and so no
     // collection and its finalizers run, while the leaves are held
     // borrowed.
-    py::list keep(referenced_);
+    py::list keep(kept_);
     py::list values(values_);
     size_t node = 0;
     held_.clear();
@@ -229,10 +232,14 @@ class StateCache {
         continue;
       }
       const at::Tensor& src = THPVariable_Unpack(o);
-      if (src.numel() == 0) continue;
       if (leaf.copy_to.is_cuda()) {
-        leaf.copy_to.copy_(src, /*non_blocking=*/true);  // on the current stream
-      } else if (src.is_contiguous()) {
+        Py_INCREF(o);
+        PyList_SET_ITEM(keep.ptr(), static_cast<Py_ssize_t>(kept++), o);
+        if (src.numel() != 0) leaf.copy_to.copy_(src, /*non_blocking=*/true);  // current stream
+        continue;
+      }
+      if (src.numel() == 0) continue;
+      if (src.is_contiguous()) {
         std::memcpy(leaf.copy_to.data_ptr(), src.data_ptr(), src.nbytes());
       } else {
         leaf.copy_to.copy_(src);
@@ -565,7 +572,7 @@ class StateCache {
   const py::object mapping_type_;
   std::vector<Node> nodes_;
   std::vector<Leaf> leaves_;
-  size_t referenced_ = 0;  // leaves of kind kReferenced
+  size_t kept_ = 0;        // leaves Match returns to keep alive
   size_t values_ = 0;      // ... kValue
   // During Match only: the leaves' objects (borrowed), the tensor objects
   // and TensorImpls LeavesFit's pipeline found, and what a slow-path

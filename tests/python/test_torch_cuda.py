@@ -24,10 +24,25 @@ SKIP = 77
 
 
 def cuda_rank(socket, store, rank, world, job, alloc_conf):
+    """One rank; exits 0 only if every check passed (a failure exits at
+    once: gRPC's threads could hold a failing interpreter at exit)."""
+    try:
+        cuda_rank_body(socket, store, rank, world, job, alloc_conf)
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def cuda_rank_body(socket, store, rank, world, job, alloc_conf):
     # Before CUDA starts in this (spawned) interpreter.
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     import torch.distributed as dist
     import ckptd.torch as ckpt
+    # Each rank on its own GPU where there are several (the submit thread's
+    # replica check must then stay off GPU 0).
+    torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
     try:
@@ -52,7 +67,13 @@ def cuda_rank(socket, store, rank, world, job, alloc_conf):
                               for k, v in s.items()},
                     f"rank{rank}": {"mine": mine, "t": square.t()}, "step": 1}
 
-        expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        def snapshot():
+            sd = state()
+            return ({k: v.detach().clone() for k, v in sd["model"].items()},
+                    {k: v.detach().clone() for k, v in sd["optim"].items()},
+                    square.clone())
+
+        expected_model, expected_optim, expected_square = snapshot()
         c = ckpt.checkpointer(job, socket)
         r = c.async_save(state(), checkpoint_id="step-1")
         r.wait_staged_on_stream()
@@ -65,18 +86,20 @@ def cuda_rank(socket, store, rank, world, job, alloc_conf):
         r.upload_completion.result()
         assert c._plan is first_plan, "the second save planned afresh"
 
-        for t in list(model.state_dict().values()) + [mine]:
-            t.zero_()
         loaded = state()
+        for t in (list(loaded["model"].values()) + list(loaded["optim"].values())
+                  + [mine, square]):
+            t.zero_()
         assert c.load(loaded, checkpoint_id="step-1") == "step-1"
-        for k, v in model.state_dict().items():
-            assert torch.equal(v, expected[k]), k
+        for k, v in loaded["model"].items():
+            assert torch.equal(v, expected_model[k]), k
+        for k, v in loaded["optim"].items():
+            assert torch.equal(v, expected_optim[k]), k
         assert torch.equal(mine, torch.full_like(mine, float(rank)))
+        assert torch.equal(square, expected_square), "the non-contiguous tensor"
         torch.cuda.synchronize()
-        del loaded
     finally:
         dist.destroy_process_group()
-    os._exit(0)  # gRPC threads of a spawned interpreter
 
 
 class TorchCuda(unittest.TestCase):

@@ -130,13 +130,19 @@ class TorchApiOnSimulatedGpu(unittest.TestCase):
         c.load({"w": w}, checkpoint_id="step-1")
         self.assertTrue(same_bytes(w, at_call))
 
-    def test_a_tensor_on_another_device_fails_the_futures_naming_the_fqn(self):
+    def test_a_tensor_on_another_device_fails_the_futures_and_the_gpu_side_staged_naming_the_fqn(self):
         c = self.checkpointer("gpu-bad")
         r = c.async_save({"a": {"b": torch.zeros(2, device="meta")}}, checkpoint_id="x")
         with self.assertRaisesRegex(ckpt.SaveInputError, "a.b: only CPU and CUDA tensors"):
             r.staging_completion.result()
+        # The GPU-side STAGED of a failed save raises the save's error...
+        with self.assertRaisesRegex(ckpt.SaveInputError, "a.b: only CPU and CUDA tensors"):
+            r.wait_staged_on_stream()
+        # ...and that of a save without GPU tensors says so.
+        r = c.async_save({"host": torch.ones(4)}, checkpoint_id="y")
         with self.assertRaisesRegex(ValueError, "no GPU tensors"):
             r.wait_staged_on_stream()
+        r.upload_completion.result()
 
 
 def replicated_gpu_rank(socket, store, rank, world, job):

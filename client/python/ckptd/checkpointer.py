@@ -48,10 +48,12 @@ GPU tensors (CUDA, or the simulated GPU's memory: the client's
 gpu_memory.py seam) are read in place, however small (a copy per small
 tensor would be a copy launch per tensor at the call); a non-contiguous one
 is copied into a buffer on its device, queued on the current stream. The
-call then records the save's ready event on that stream (step 5 above
+call then records the save's ready event on that stream (step 7, the RPC,
 comes later, on the submit thread: recorded there, the event would order
 the daemon's copies after whatever the trainer queued in between), and
-the RPC says it was recorded. Small replicated plain GPU tensors are
+the RPC says it was recorded. The trainer must queue no write to a saved
+tensor before the GPU-side STAGED: not the optimizer step, and not a
+forward pass that updates saved buffers (BatchNorm's running statistics). Small replicated plain GPU tensors are
 compared between ranks through host copies the submit thread makes on a
 side stream, after an event recorded at the call (gpu_memory.host_bytes).
 The response's wait_staged_on_stream() is the GPU-side STAGED.
@@ -221,6 +223,9 @@ class Checkpointer:
             error = str(e)  # the peers learn it in the exchange, and fail too
         except ckptd.Error as e:
             error, raised = f"rank {self.rank}: {e}", e
+        except Exception as e:  # noqa: BLE001 - a GPU out of memory, say: the peers
+            # must hear of it, or they wait for this rank in the exchange
+            error, raised = f"rank {self.rank}: {type(e).__name__}: {e}", e
         response = self._watcher.take(checkpoint_id)
         # From here the response keeps alive what the daemon will read (the
         # tensors read in place; the plan, with its copy buffers, should the
@@ -313,17 +318,23 @@ class Checkpointer:
             self._memory.synchronize(gpu_device)
         arena = torch.empty(max(arena_bytes, 1), dtype=torch.uint8)
         dest: Dict[str, torch.Tensor] = {}
+        keep: List[torch.Tensor] = []
         for fqn, (offset, nbytes) in copied.items():
             t = tensors[fqn].local
             if fqn in on_gpu:
                 dest[fqn] = self._memory.buffer_like(t)
+                if self._memory.copies_on_device:
+                    # The copy is only queued: its source stays alive until
+                    # the save is staged (freed, its block could be reused
+                    # by work on another stream before the copy runs).
+                    keep.append(t)
             elif offset < 0:
                 dest[fqn] = torch.empty(t.shape, dtype=t.dtype)
             else:
                 dest[fqn] = arena[offset:offset + nbytes].view(t.dtype).view(t.shape)
             dest[fqn].copy_(t)
         generation = self.client.generation
-        keep, checked, checked_fqns, structure, cache_leaves = [], [], [], {}, []
+        checked, checked_fqns, structure, cache_leaves = [], [], {}, []
         gpu_checked, gpu_checked_fqns = [], []
         items: List[dict] = []
         gpu_items = 0

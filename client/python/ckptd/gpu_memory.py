@@ -105,6 +105,13 @@ class CudaMemory:
 
     def host_bytes(self, device, mark, tensors) -> list:
         import torch
+        # The calling thread (not the trainer's) made current on `device`
+        # first: leaving torch.cuda.stream() restores the thread's previous
+        # stream, and with it its device, which on a fresh thread is GPU 0:
+        # a context there would cost every rank of another GPU hundreds of
+        # MiB on GPU 0.
+        if torch.cuda.current_device() != device.index:
+            torch.cuda.set_device(device)
         # A stream of its own, which does not wait for what the trainer
         # queued after the mark (the legacy default stream would); the
         # copies run on it once the mark is reached.

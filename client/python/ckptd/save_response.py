@@ -11,7 +11,9 @@
   called on (or `stream`) wait for them, so the optimizer step queued next
   runs after them while the CPU goes on. It waits on the CPU for the
   submit thread to have handed the save over (normally long done by the
-  optimizer step). staging_completion still resolves only once every byte
+  optimizer step). Call it before queuing any write to a saved tensor: the
+  optimizer step, and a forward pass that updates saved buffers
+  (BatchNorm's running statistics). staging_completion still resolves only once every byte
   is copied, and the response holds the tensors until then.
 - upload_completion resolves once the checkpoint is COMMITTED (every rank's
   part durable, COMMIT written); it fails if the save fails, with the
@@ -73,12 +75,14 @@ class AsyncSaveResponse:
     def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
         """The GPU-side STAGED (the module comment); raises the save's
         error if it failed before the daemon queued its copies."""
-        if self._stream is None:
-            raise ValueError("this save has no GPU tensors: wait for staging_completion")
         self._handed_over.wait()
         handle = self._handle
-        if handle is None:
-            self.staging_completion.result()  # failed before submission: raises
+        if handle is None or self._stream is None:
+            # Failed before submission (its error first), or no GPU tensors.
+            if self.staging_completion.done() and self.staging_completion.exception():
+                raise self.staging_completion.exception()
+            if self._stream is None:
+                raise ValueError("this save has no GPU tensors: wait for staging_completion")
             raise AssertionError("a save neither submitted nor failed")
         try:
             handle.wait_staged_on_stream(self._stream if stream is None else stream)

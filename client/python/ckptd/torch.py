@@ -17,7 +17,9 @@ Tensors may be CPU or CUDA tensors (one device per rank). With CUDA
 tensors, response.wait_staged_on_stream() before the optimizer step is the
 GPU-side STAGED: the CPU goes on, and the current stream runs the step
 after the daemon's copies; staging_completion is the CPU wait. The save
-holds what the stream had written by the save call.
+holds what the stream had written by the save call. Wait before any GPU
+work that writes a saved tensor: a forward pass that updates saved buffers
+(BatchNorm's running statistics) counts.
 
 What DCP takes, this takes: nested dicts and lists (named by the dotted fqns
 DCP's flatten_state_dict gives, so DCP reads the tensors under the same
