@@ -149,7 +149,8 @@ def replicated_gpu_rank(socket, store, rank, world, job):
     """Two ranks save a DDP-style state of GPU tensors (replicated plain
     tensors, every write queued on the stream behind a long kernel), which
     is stored once; then a save whose replicas differ only in bytes still
-    queued at the call, which must fail on both ranks naming the fqn."""
+    queued at the call, which must fail on both ranks naming the fqn; then
+    saves where rank 1's GPU fails, which must fail on both ranks."""
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
@@ -177,6 +178,27 @@ def replicated_gpu_rank(socket, store, rank, world, job):
             raise AssertionError("the GPU-side STAGED of a failed save returned")
         except ckpt.ReplicaMismatchError:
             pass
+
+        # A rank whose GPU fails at the save call, or while the submit
+        # thread reads its replicas' bytes: every rank fails, naming it,
+        # instead of waiting for it in the exchange.
+        queue_write(gpu, bias, torch.arange(256, dtype=torch.float32))
+        for name in ("mark", "host_bytes"):
+            original = getattr(c._memory, name)
+            if rank == 1:
+                def broken(*args, **kwargs):
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                setattr(c._memory, name, broken)
+            r = c.async_save(sd, checkpoint_id=f"broken-{name}")
+            try:
+                r.upload_completion.result()
+                raise AssertionError(f"a save whose rank 1 failed in {name} succeeded")
+            except ckpt.SaveInputError as e:  # the exchange's verdict
+                assert rank == 0 or name == "host_bytes", e
+                assert "rank 1: " in str(e) and "illegal memory access" in str(e), e
+            except RuntimeError as e:  # rank 1's own error at the call keeps its class
+                assert rank == 1 and name == "mark" and "illegal memory access" in str(e), e
+            setattr(c._memory, name, original)
         gpu.synchronize()
     finally:
         dist.destroy_process_group()
@@ -184,7 +206,7 @@ def replicated_gpu_rank(socket, store, rank, world, job):
 
 
 class ReplicatedGpuTensors(unittest.TestCase):
-    def test_replicated_gpu_tensors_are_stored_once_and_replicas_that_differ_fail(self):
+    def test_replicated_gpu_tensors_are_stored_once_and_replicas_that_differ_or_fail_to_read_fail_every_rank(self):
         daemon = Daemon(flags=["--gpu=simulated"])
         self.addCleanup(daemon.stop)
         store = os.path.join(daemon.dir, "gloo-gpu")

@@ -225,7 +225,7 @@ class Checkpointer:
             error, raised = f"rank {self.rank}: {e}", e
         except Exception as e:  # noqa: BLE001 - a GPU out of memory, say: the peers
             # must hear of it, or they wait for this rank in the exchange
-            error, raised = f"rank {self.rank}: {type(e).__name__}: {e}", e
+            error, raised = f"{type(e).__name__}: {e}", e
         response = self._watcher.take(checkpoint_id)
         # From here the response keeps alive what the daemon will read (the
         # tensors read in place; the plan, with its copy buffers, should the
@@ -253,7 +253,7 @@ class Checkpointer:
             try:
                 gpu_hosts = self._memory.host_bytes(plan.gpu_device, mark, plan.gpu_checked)
             except Exception as e:  # noqa: BLE001 - the peers must hear of it
-                error = f"rank {self.rank}: cannot read its GPU tensors to compare them: {e}"
+                error = f"cannot read its GPU tensors to compare them: {type(e).__name__}: {e}"
         try:
             holders, merged = self._exchange.exchange(
                 error, lambda: self._key(plan, values, gpu_hosts),
