@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <unordered_set>
 #include <vector>
 
 #include "session/gpu_regions.h"
@@ -93,6 +94,7 @@ class PeerCopyOut final : public CopyOutBatch {
   uint64_t tickets_ = 0;
   std::map<int, DeviceQueue> devices_;
   std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read
+  std::unordered_set<const GpuRegion*> held_set_;       // ... by address
   // The region the last lookup found (one of held_), and GpuRegions'
   // releases() before that lookup: while that is unchanged the region is
   // still live, and a span inside it needs no lookup.
