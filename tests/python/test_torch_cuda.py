@@ -52,14 +52,16 @@ def cuda_rank_body(socket, store, rank, world, job, alloc_conf):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step():
-            x = torch.randn(64, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+            g = torch.Generator("cuda").manual_seed(1)
+            x = torch.randn(64, 512, device="cuda", generator=g)
             model(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
 
         step()
         mine = torch.full((4096,), float(rank), device="cuda")
-        square = torch.randn(256, 128, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+        square = torch.randn(256, 128, device="cuda",
+                             generator=torch.Generator("cuda").manual_seed(2))
 
         def state():
             return {"model": model.state_dict(),

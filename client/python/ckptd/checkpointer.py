@@ -52,11 +52,11 @@ call then records the save's ready event on that stream (step 7, the RPC,
 comes later, on the submit thread: recorded there, the event would order
 the daemon's copies after whatever the trainer queued in between), and
 the RPC says it was recorded. The trainer must queue no write to a saved
-tensor before the GPU-side STAGED: not the optimizer step, and not a
-forward pass that updates saved buffers (BatchNorm's running statistics). Small replicated plain GPU tensors are
+tensor before the GPU-side STAGED (the response's wait_staged_on_stream()):
+not the optimizer step, and not a forward pass that updates saved buffers
+(BatchNorm's running statistics). Small replicated plain GPU tensors are
 compared between ranks through host copies the submit thread makes on a
 side stream, after an event recorded at the call (gpu_memory.host_bytes).
-The response's wait_staged_on_stream() is the GPU-side STAGED.
 
 Errors found by the exchange or later (bad input on any rank, replicas that
 disagree, the daemon refusing the save, a failed commit) reach the caller

@@ -13,8 +13,9 @@
   submit thread to have handed the save over (normally long done by the
   optimizer step). Call it before queuing any write to a saved tensor: the
   optimizer step, and a forward pass that updates saved buffers
-  (BatchNorm's running statistics). staging_completion still resolves only once every byte
-  is copied, and the response holds the tensors until then.
+  (BatchNorm's running statistics). staging_completion still resolves
+  only once every byte is copied, and the response holds the tensors
+  until then.
 - upload_completion resolves once the checkpoint is COMMITTED (every rank's
   part durable, COMMIT written); it fails if the save fails, with the
   daemon's reason (ckptd.errors.SaveFailed), or with DaemonUnavailable if
