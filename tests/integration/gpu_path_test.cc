@@ -112,8 +112,8 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
 }
 
 TEST_CASE("a ready event recorded when the save is taken orders the copies "
-          "after the writes queued before it, not after work queued since; a "
-          "save that expects one and finds none fails",
+          "after the writes queued before it, not after work queued since, and "
+          "a save that expects one and finds none fails",
           "[integration][gpu][cuda]") {
   const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
   std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
