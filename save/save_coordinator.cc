@@ -209,6 +209,11 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
     FinishRetirement(std::move(retired));
     return;
   }
+  // The node's files are durable and its tier images whole: readable from
+  // memory by any load that finds the checkpoint's COMMIT, from the moment
+  // a node writes it (this one below, or another node before this one's
+  // watcher polls), not only after this node has heard of the commit.
+  tier_->MarkComplete(cp->job, cp->name);
   const bool in_flight = checkpoints_.NodeDurable(*cp, &calls);
   calls.Run();
   if (in_flight && !TryCommit(cp)) {
@@ -224,8 +229,6 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
   ListenerCalls calls;
   std::optional<Retired> retired;
   if (committed.ok() && *committed) {
-    // Readable from memory before any trainer hears of the commit.
-    tier_->MarkCommitted(cp->job, cp->name);
     retired = checkpoints_.Commit(*cp, &calls);
   } else if (!committed.ok()) {
     DaemonMetrics::Get().CountError(committed.status());

@@ -118,10 +118,10 @@ uint64_t MemoryTier::budget() const {
   return budget_;
 }
 
-void MemoryTier::MarkCommitted(const std::string& job, const std::string& checkpoint) {
+void MemoryTier::MarkComplete(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
-  if (it != checkpoints_.end()) it->second.committed = true;
+  if (it != checkpoints_.end()) it->second.complete = true;
 }
 
 void MemoryTier::Pin(const std::string& job, const std::string& checkpoint) {
@@ -153,7 +153,7 @@ std::shared_ptr<const FileImage> MemoryTier::Find(const std::string& job,
                                                   uint64_t size) const {
   absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
-  if (it == checkpoints_.end() || !it->second.committed) return nullptr;
+  if (it == checkpoints_.end() || !it->second.complete) return nullptr;
   auto f = it->second.files.find(file);
   if (f == it->second.files.end() || f->second->size() != size) return nullptr;
   return f->second;

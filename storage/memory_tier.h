@@ -4,8 +4,11 @@
 // While a part is written, ShardWriter copies each window into a file
 // image reserved here (Reserve), after the window's write and off the
 // staging path (save/shard_writer.h); the images of a checkpoint become
-// readable only once it commits (MarkCommitted), and are dropped if it
-// fails (Drop). Loads ask for an image by file (Find) and read it instead
+// readable once the node's files of it are durable and the images whole
+// (MarkComplete), and are dropped if it fails (Drop). A load reads an image
+// only of a checkpoint whose COMMIT it has read from storage, and verifies
+// every block against it: marking before the COMMIT is written means that
+// a load which sees the COMMIT also sees the images. Loads ask for an image by file (Find) and read it instead
 // of the file, verifying every block as from storage. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
 // oldest other checkpoints' images that no load is using; if that is not
@@ -75,14 +78,15 @@ class MemoryTier {
   // the tier is off or has no room.
   std::shared_ptr<FileImage> Reserve(const std::string& job, const std::string& checkpoint,
                                      const std::string& file, uint64_t size);
-  // The checkpoint committed: its images may be read.
-  void MarkCommitted(const std::string& job, const std::string& checkpoint);
+  // The node's files of the checkpoint are durable and its images hold
+  // their bytes: loads that found the checkpoint committed may read them.
+  void MarkComplete(const std::string& job, const std::string& checkpoint);
   // Pins the checkpoint's images with the pinner, if one is set (after
   // COMMITTED is published: pinning gigabytes takes a while).
   void Pin(const std::string& job, const std::string& checkpoint);
   // The checkpoint failed or was deleted: forget its images.
   void Drop(const std::string& job, const std::string& checkpoint);
-  // A committed checkpoint's image of `file` whose size is `size`, or null.
+  // A complete checkpoint's image of `file` whose size is `size`, or null.
   std::shared_ptr<const FileImage> Find(const std::string& job, const std::string& checkpoint,
                                         const std::string& file, uint64_t size) const;
 
@@ -98,7 +102,7 @@ class MemoryTier {
  private:
   struct Checkpoint {
     uint64_t sequence = 0;  // reservation order: lower is older
-    bool committed = false;
+    bool complete = false;
     std::map<std::string, std::shared_ptr<FileImage>> files;
   };
   static std::string Key(const std::string& job, const std::string& checkpoint) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "save/save_harness.h"
 #include "storage/durable_file.h"
+#include "storage/memory_tier.h"
 #include "support/fault_injecting_queue.h"
 #include "support/temp_dir.h"
 
@@ -495,6 +497,61 @@ TEST_CASE(
     INFO(log->Describe());
     CHECK(end.phase() == v1::PHASE_COMMITTED);
   }
+}
+
+// The real file operations; at the rename that makes COMMIT visible, asks
+// the tier for an image of each of the checkpoint's data files, as a load
+// that found that COMMIT would, and counts the files it had none for.
+class TierAtCommitFileOps final : public FileOps {
+ public:
+  void set_tier(const MemoryTier* tier) { tier_ = tier; }
+  int data_files() const { return data_files_.load(); }
+  int missing_images() const { return missing_images_.load(); }
+
+  absl::Status Rename(const StorageDir& dir, const std::string& from,
+                      const std::string& to) override {
+    if (to == "COMMIT") {
+      const std::filesystem::path checkpoint_dir = dir.path();
+      for (const auto& entry : std::filesystem::directory_iterator(checkpoint_dir)) {
+        const std::string name = entry.path().filename().string();
+        if (!IsDataFile(name)) continue;
+        ++data_files_;
+        if (tier_->Find(SaveHarness::kJob, checkpoint_dir.filename().string(), name,
+                        entry.file_size()) == nullptr) {
+          ++missing_images_;
+        }
+      }
+    }
+    return FileOps::Rename(dir, from, to);
+  }
+
+ private:
+  const MemoryTier* tier_ = nullptr;  // set before any save
+  std::atomic<int> data_files_{0};
+  std::atomic<int> missing_images_{0};
+};
+
+TEST_CASE(
+    "SaveCoordinator makes a checkpoint's memory-tier images readable before "
+    "its COMMIT is visible, so a load that finds the COMMIT reads memory",
+    "[save_coordinator]") {
+  TempDir root;
+  TierAtCommitFileOps ops;
+  SaveHarnessOptions options = WithFileOps(&ops);
+  options.memory_tier_bytes = 64 << 20;
+  SaveHarness harness(root.path(), options);
+  ops.set_tier(&harness.tier());
+  SaveHarness::Rank& rank0 = harness.AddRank(0, 2, 2);
+  SaveHarness::Rank& rank1 = harness.AddRank(1, 2, 2);
+  const std::vector<std::shared_ptr<ProgressLog>> logs = {
+      harness.Save(rank0, kCheckpoint), harness.Save(rank1, kCheckpoint)};
+  for (const auto& log : logs) {
+    const v1::SaveProgress end = WaitForEnd(*log);
+    INFO(log->Describe());
+    REQUIRE(end.phase() == v1::PHASE_COMMITTED);
+  }
+  CHECK(ops.data_files() == 2);  // one per rank
+  CHECK(ops.missing_images() == 0);
 }
 
 }  // namespace

@@ -154,7 +154,10 @@ std::string ProgressLog::Describe() const {
 }
 
 SaveHarness::SaveHarness(std::string root, SaveHarnessOptions options)
-    : root_(std::move(root)), options_(std::move(options)), store_(root_) {
+    : root_(std::move(root)),
+      options_(std::move(options)),
+      store_(root_),
+      tier_(options_.memory_tier_bytes) {
   absl::StatusOr<std::unique_ptr<StagingPool>> pool =
       StagingPool::Create(uint64_t{kPoolBuffers} * kBufferBytes, kBufferBytes);
   INFO(pool.status());

@@ -106,6 +106,7 @@ struct SaveHarnessOptions {
   uint64_t commit_timeout_ms = 60'000;
   uint64_t local_ranks_timeout_ms = 60'000;
   FileOps* file_ops = nullptr;  // null: the real syscalls
+  uint64_t memory_tier_bytes = 0;  // the tier's budget; 0: off
   // Applied to each worker's queue before the workers start.
   std::function<void(FaultInjectingQueue&)> faults;
 };
@@ -156,6 +157,7 @@ class SaveHarness {
   SaveCoordinator& coordinator() { return *coordinator_; }
   const CheckpointStore& store() const { return store_; }
   const StagingPool& pool() const { return *pool_; }
+  const MemoryTier& tier() const { return tier_; }
   // Read them only after StopWorkers.
   const std::vector<std::unique_ptr<FaultInjectingQueue>>& queues() const {
     return queues_;
@@ -168,7 +170,7 @@ class SaveHarness {
   std::vector<std::unique_ptr<FaultInjectingQueue>> queues_;
   CheckpointStore store_;
   CheckpointLeases leases_;
-  MemoryTier tier_{0};
+  MemoryTier tier_;
   std::deque<Rank> ranks_;
   std::shared_ptr<absl::Notification> gate_;  // set while workers are held
   std::unique_ptr<IoWorkers> workers_;

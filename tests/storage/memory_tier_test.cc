@@ -1,4 +1,4 @@
-// The in-memory tier holds at most its budget, serves only committed
+// The in-memory tier holds at most its budget, serves only complete
 // checkpoints, and evicts the oldest unused checkpoint to make room.
 #include "storage/memory_tier.h"
 
@@ -9,13 +9,13 @@
 namespace ckpt {
 namespace {
 
-TEST_CASE("a tier serves an image only once its checkpoint committed", "[memory_tier]") {
+TEST_CASE("a tier serves an image only once its checkpoint is complete", "[memory_tier]") {
   MemoryTier tier(1 << 20);
   auto image = tier.Reserve("job", "a", "f", 4096);
   REQUIRE(image != nullptr);
   std::memset(image->data(), 7, 4096);
   CHECK(tier.Find("job", "a", "f", 4096) == nullptr);
-  tier.MarkCommitted("job", "a");
+  tier.MarkComplete("job", "a");
   auto found = tier.Find("job", "a", "f", 4096);
   REQUIRE(found != nullptr);
   CHECK(found->data()[4095] == 7);
@@ -27,7 +27,7 @@ TEST_CASE("a tier evicts the oldest other checkpoint to stay within budget",
           "[memory_tier]") {
   MemoryTier tier(3 * 4096);
   REQUIRE(tier.Reserve("job", "a", "f", 2 * 4096) != nullptr);
-  tier.MarkCommitted("job", "a");
+  tier.MarkComplete("job", "a");
   REQUIRE(tier.Reserve("job", "b", "f", 2 * 4096) != nullptr);
   CHECK(tier.used_bytes() == 2 * 4096);
   CHECK(tier.Find("job", "a", "f", 2 * 4096) == nullptr);  // evicted
@@ -39,7 +39,7 @@ TEST_CASE("a tier evicts the oldest other checkpoint to stay within budget",
 TEST_CASE("a tier does not evict an image a load is reading", "[memory_tier]") {
   MemoryTier tier(2 * 4096);
   REQUIRE(tier.Reserve("job", "a", "f", 2 * 4096) != nullptr);
-  tier.MarkCommitted("job", "a");
+  tier.MarkComplete("job", "a");
   auto reading = tier.Find("job", "a", "f", 2 * 4096);
   REQUIRE(reading != nullptr);
   CHECK(tier.Reserve("job", "b", "f", 4096) == nullptr);
@@ -65,11 +65,11 @@ TEST_CASE("shrinking a tier's budget evicts the oldest checkpoints nobody holds 
           "[memory_tier]") {
   MemoryTier tier(4 * 4096);
   REQUIRE(tier.Reserve("job", "a", "f", 2 * 4096) != nullptr);
-  tier.MarkCommitted("job", "a");
+  tier.MarkComplete("job", "a");
   REQUIRE(tier.Reserve("job", "b", "f", 4096) != nullptr);
-  tier.MarkCommitted("job", "b");
+  tier.MarkComplete("job", "b");
   REQUIRE(tier.Reserve("job", "c", "f", 4096) != nullptr);
-  tier.MarkCommitted("job", "c");
+  tier.MarkComplete("job", "c");
   auto reading = tier.Find("job", "b", "f", 4096);  // a load holds b
   REQUIRE(reading != nullptr);
 
@@ -105,7 +105,7 @@ TEST_CASE("every image of an evicted checkpoint serves a later file of its size,
     REQUIRE(image != nullptr);
     std::memset(image->data(), 0xAB, kFile);
   }
-  tier.MarkCommitted("job", "a");
+  tier.MarkComplete("job", "a");
   for (int rank = 0; rank < 4; ++rank) {
     auto image = tier.Reserve("job", "b", "rank" + std::to_string(rank), kFile);
     REQUIRE(image != nullptr);
@@ -119,7 +119,7 @@ TEST_CASE("every image of an evicted checkpoint serves a later file of its size,
 
   // b evicted for one larger file: the three spares it does not reuse are
   // unmapped to make room, and the budget holds throughout.
-  tier.MarkCommitted("job", "b");
+  tier.MarkComplete("job", "b");
   auto big = tier.Reserve("job", "c", "whole", 2 * kFile);
   REQUIRE(big != nullptr);
   CHECK(static_cast<unsigned char>(big->data()[0]) == 0);  // fresh
