@@ -50,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/call_once.h"
@@ -102,6 +103,16 @@ std::shared_ptr<grpc::Channel> DaemonChannel(
 // Turns a gRPC status into an absl::Status with `what` as context.
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what);
 
+// One whole allocation under a registered GPU region.
+struct GpuAllocation {
+  uint64_t base = 0;   // the allocation's first byte (not the region's)
+  uint64_t bytes = 0;  // its size
+  uint64_t id = 0;     // its identity (TrainerGpu::AllocationIds) then
+  bool operator<(const GpuAllocation& o) const {
+    return std::tie(base, bytes, id) < std::tie(o.base, o.bytes, o.id);
+  }
+};
+
 // A GPU region as registered: what a save checks for re-allocation.
 struct GpuRegistration {
   uint64_t daemon_id = 0;  // the daemon's id now (changes on re-register)
@@ -109,6 +120,10 @@ struct GpuRegistration {
   uint64_t length = 0;
   std::string device_uuid;
   std::vector<uint64_t> allocation_ids;
+  // The allocations the region lies in, whole: many regions (a tensor
+  // each) share a few caching-allocator segments, and a save asks each
+  // segment once, not each region (RefreshGpuRegions).
+  std::vector<GpuAllocation> allocations;
   // The trainer's allocator returned the memory (Client::ReleaseGpuMemory)
   // and the daemon released the region: a save maps it again only once
   // memory is allocated there again.
@@ -285,6 +300,10 @@ class Client {
   absl::Status RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gpu,
                                  std::vector<std::string>* devices)
       ABSL_LOCKS_EXCLUDED(gpu_mu_);
+  // RefreshGpuRegions' step for a region not found unchanged through its
+  // allocations: asks for the region's own allocation ids.
+  absl::Status RefreshGpuRegion(CallCanceller* canceller, TrainerGpu* gpu, GpuRegistration& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(gpu_mu_);
   // Byte ranges of this process's memory.
   struct MemoryRange {
     uint64_t address = 0;

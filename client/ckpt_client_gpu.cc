@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -75,6 +77,13 @@ absl::StatusOr<GpuRegistration> Client::RegisterGpu(uint64_t address,
   r.length = length;
   r.device_uuid = exported.device_uuid;
   r.allocation_ids = std::move(exported.allocation_ids);
+  uint64_t piece_address = address;
+  for (size_t i = 0; i < exported.pieces.size() && i < r.allocation_ids.size(); ++i) {
+    const GpuPiece& piece = exported.pieces[i];
+    r.allocations.push_back(
+        {piece_address - piece.offset, piece.allocation_bytes, r.allocation_ids[i]});
+    piece_address += piece.length;
+  }
   return r;
 }
 
@@ -183,26 +192,56 @@ absl::Status Client::RefreshGpuRegions(CallCanceller* canceller, TrainerGpu** gp
     }
   }
   *gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
-  for (auto& [id, r] : gpu_regions_) {
-    absl::StatusOr<std::vector<uint64_t>> now = (*gpu)->AllocationIds(r.address, r.length);
-    if (r.released) {
-      // Memory the allocator returned (ReleaseGpuMemory): mapped again
-      // once memory is allocated there again, else left out (a save that
-      // names it fails at the daemon, which knows it as released).
-      if (!now.ok()) continue;
-      ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
-    } else {
-      // Memory freed and allocated again under the region (even at the same
-      // address) has new allocation ids: map the new allocation in place of
-      // the old one, which the daemon then releases.
-      if (!now.ok()) return now.status();
-      if (*now != r.allocation_ids) {
-        ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
-      }
+  // Each whole allocation under the mapped regions, asked once: a region
+  // whose allocations all still hold their ids is unchanged, without asking
+  // for it (each ask costs several driver calls, and 1,000 tensors may lie
+  // in a few segments). An allocation freed, or replaced by one that does
+  // not cover the same range, answers otherwise, and its regions are asked
+  // one by one below.
+  std::map<GpuAllocation, bool> unchanged;
+  for (const auto& [id, r] : gpu_regions_) {
+    if (r.released) continue;
+    for (const GpuAllocation& a : r.allocations) {
+      if (unchanged.count(a) != 0) continue;
+      absl::StatusOr<std::vector<uint64_t>> now = (*gpu)->AllocationIds(a.base, a.bytes);
+      unchanged[a] = now.ok() && *now == std::vector<uint64_t>{a.id};
     }
+  }
+  const auto is_unchanged = [&](const GpuRegistration& r) {
+    if (r.released || r.allocations.empty()) return false;
+    for (const GpuAllocation& a : r.allocations) {
+      const auto it = unchanged.find(a);
+      if (it == unchanged.end() || !it->second) return false;
+    }
+    return true;
+  };
+  for (auto& [id, r] : gpu_regions_) {
+    if (!is_unchanged(r)) RETURN_IF_ERROR(RefreshGpuRegion(canceller, *gpu, r));
+    if (r.released) continue;  // still released: not in this save
     if (std::find(devices->begin(), devices->end(), r.device_uuid) == devices->end()) {
       devices->push_back(r.device_uuid);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::RefreshGpuRegion(CallCanceller* canceller, TrainerGpu* gpu,
+                                      GpuRegistration& r) {
+  absl::StatusOr<std::vector<uint64_t>> now = gpu->AllocationIds(r.address, r.length);
+  if (r.released) {
+    // Memory the allocator returned (ReleaseGpuMemory): mapped again once
+    // memory is allocated there again, else left out (a save that names it
+    // fails at the daemon, which knows it as released).
+    if (!now.ok()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
+    return absl::OkStatus();
+  }
+  // Memory freed and allocated again under the region (even at the same
+  // address) has new allocation ids: map the new allocation in place of the
+  // old one, which the daemon then releases.
+  if (!now.ok()) return now.status();
+  if (*now != r.allocation_ids) {
+    ASSIGN_OR_RETURN(r, RegisterGpu(r.address, r.length, canceller));
   }
   return absl::OkStatus();
 }
