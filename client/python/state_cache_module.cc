@@ -44,7 +44,6 @@
 //
 // Thread-safety: none; the GIL serialises calls (none releases it).
 #include <Python.h>
-#include <structmember.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <xxhash.h>
@@ -58,7 +57,12 @@
 #include <string>
 #include <vector>
 
+#include "python_slots.h"
+
 namespace py = pybind11;
+using ckpt::python::Attribute;
+using ckpt::python::SlotOffset;
+using ckpt::python::SlotValue;
 
 namespace {
 
@@ -103,43 +107,6 @@ struct Node {
 };
 
 bool IsTensor(PyObject* o) { return THPVariable_Check(o); }
-
-// The offset of `name` in instances of `type` when it is a __slots__ entry
-// read by the generic attribute lookup, else -1. DTensor keeps _spec and
-// _local_tensor in slots; reading them at their offset skips the lookup
-// through the type's MRO, which is most of what a DTensor leaf costs.
-Py_ssize_t SlotOffset(PyTypeObject* type, const py::str& name) {
-  if (type->tp_getattro != PyObject_GenericGetAttr) return -1;
-  PyObject* d = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), name.ptr());
-  if (d == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  Py_ssize_t offset = -1;
-  if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-    const PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
-    if (member->type == T_OBJECT_EX) {
-      offset = member->offset;
-    }
-  }
-  Py_DECREF(d);
-  return offset;
-}
-
-// The value in `o`'s slot at offset `slot` (borrowed), or null: no slot,
-// or the slot is unset. `o` must be an instance of the type the offset
-// was read from.
-PyObject* SlotValue(PyObject* o, Py_ssize_t slot) {
-  if (slot < 0) return nullptr;
-  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + slot);
-}
-
-// o.<name>, from its slot when `slot` is one (a new reference; an unset
-// slot raises AttributeError, as the lookup would).
-py::object Attribute(PyObject* o, Py_ssize_t slot, const py::str& name) {
-  if (PyObject* v = SlotValue(o, slot)) return py::reinterpret_borrow<py::object>(v);
-  return py::reinterpret_borrow<py::object>(o).attr(name);
-}
 
 bool SameVector(c10::IntArrayRef a, c10::IntArrayRef b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
