@@ -5,11 +5,11 @@
 // image reserved here (Reserve), after the window's write and off the
 // staging path (save/shard_writer.h); the images of a checkpoint become
 // readable once the node's files of it are durable and the images whole
-// (MarkComplete), and are dropped if it fails (Drop). A load reads an image
-// only of a checkpoint whose COMMIT it has read from storage, and verifies
-// every block against it: marking before the COMMIT is written means that
-// a load which sees the COMMIT also sees the images. Loads ask for an image by file (Find) and read it instead
-// of the file, verifying every block as from storage. The tier holds at
+// (MarkComplete), and are dropped if it fails (Drop). Loads ask for an
+// image by file (Find) and read it instead of the file, verifying every
+// block as from storage; a load asks only for a checkpoint whose COMMIT it
+// has read from storage, so marking before the COMMIT is written means that
+// a load which sees the COMMIT also sees the images. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
 // oldest other checkpoints' images that no load is using; if that is not
 // enough, the file is simply not kept. Evicted images are not unmapped at
