@@ -299,6 +299,10 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
               .Set("world_size", cp.world_size)
               .Set("keep_last", keep_last),
           "checkpoint committed");
+  // For restores into GPU memory at the copy engine's speed; before
+  // retention, which reads every kept COMMIT, so that a restore right after
+  // the commit seldom has to pin the images itself (MemoryTier::Find).
+  tier_->Pin(cp.job, cp.name);
   // Only now is there a newer committed checkpoint to make room for.
   auto deleted = ApplyRetention(*store_, *leases_, cp.job, keep_last);
   if (!deleted.ok()) {
@@ -306,8 +310,6 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   } else {
     for (const std::string& name : *deleted) tier_->Drop(cp.job, name);
   }
-  // For restores into GPU memory at the copy engine's speed.
-  tier_->Pin(cp.job, cp.name);
 }
 
 std::vector<std::string> SaveCoordinator::CancelAll(absl::string_view reason) {

@@ -76,8 +76,9 @@ void GpuBackend::SplitAtChunks(std::vector<GpuCopy>* copies) const {
   absl::MutexLock lock(&mu_);
   for (const GpuCopy& c : *copies) {
     auto it = pinned_.upper_bound(c.host);
-    if (it == pinned_.begin()) {
-      out.push_back(c);
+    if (it == pinned_.begin() ||
+        static_cast<uint64_t>(c.host - std::prev(it)->first) >= std::prev(it)->second) {
+      out.push_back(c);  // not pinned: the driver stages it
       continue;
     }
     --it;

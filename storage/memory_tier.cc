@@ -15,14 +15,18 @@ FileImage::FileImage(uint64_t size) : size_(size) {
 }
 
 FileImage::~FileImage() {
+  // The last holder is gone: no PinWith can run now.
+  absl::MutexLock lock(&pin_mu_);
   if (pinned_by_ != nullptr) pinned_by_->Unpin(data_, size_);
   if (data_ != nullptr) munmap(data_, std::max<uint64_t>(size_, 1));
 }
 
 void FileImage::PinWith(ImagePinner* pinner) {
-  if (pinned_by_ != nullptr || data_ == nullptr || size_ == 0) return;
+  absl::MutexLock lock(&pin_mu_);
+  if (pinned_by_ != nullptr || pin_failed_ || data_ == nullptr || size_ == 0) return;
   absl::StatusOr<bool> pinned = pinner->Pin(data_, size_);
   if (!pinned.ok()) {
+    pin_failed_ = true;
     LogWarning("memory tier image of ", size_, " bytes stays unpinned: ",
                pinned.status().ToString());
   } else if (*pinned) {
@@ -151,12 +155,18 @@ std::shared_ptr<const FileImage> MemoryTier::Find(const std::string& job,
                                                   const std::string& checkpoint,
                                                   const std::string& file,
                                                   uint64_t size) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
   if (it == checkpoints_.end() || !it->second.complete) return nullptr;
   auto f = it->second.files.find(file);
   if (f == it->second.files.end() || f->second->size() != size) return nullptr;
-  return f->second;
+  std::shared_ptr<FileImage> image = f->second;
+  lock.Release();
+  // The load may copy from it into GPU memory at once, before the pin
+  // after the commit (Pin) came to it; the tier's lock is not held while
+  // gigabytes are page-locked.
+  if (ImagePinner* pinner = pinner_.load(); pinner != nullptr) image->PinWith(pinner);
+  return image;
 }
 
 uint64_t MemoryTier::used_bytes() const {

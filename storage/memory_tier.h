@@ -7,7 +7,12 @@
 // readable once the node's files of it are durable and the images whole
 // (MarkComplete), and are dropped if it fails (Drop). Loads ask for an
 // image by file (Find) and read it instead of the file, verifying every
-// block as from storage; a load asks only for a checkpoint whose COMMIT it
+// block as from storage. Once a GPU trainer has connected, every image
+// Find returns is pinned (page-locked for DMA): a checkpoint's images are
+// pinned in the background after its commit (Pin), and a load that comes
+// first pins them itself or waits for that pin to end, so that a restore
+// into GPU memory never copies from pageable memory (the driver's bounce
+// buffers: a few GB/s where the copy engine does 50); a load asks only for a checkpoint whose COMMIT it
 // has read from storage, so marking before the COMMIT is written means that
 // a load which sees the COMMIT also sees the images. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
@@ -58,20 +63,24 @@ class FileImage {
   FileImage& operator=(const FileImage&) = delete;
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
-  // Pins the image with `pinner` unless it is already pinned.
-  void PinWith(ImagePinner* pinner);
+  // Pins the image with `pinner` unless it is already pinned or a pin of
+  // it failed (that is logged once; the image is then read unpinned). A
+  // second caller waits while the first one pins.
+  void PinWith(ImagePinner* pinner) ABSL_LOCKS_EXCLUDED(pin_mu_);
 
  private:
   char* data_ = nullptr;
   const uint64_t size_;
-  ImagePinner* pinned_by_ = nullptr;  // set once pinned
+  absl::Mutex pin_mu_;
+  ImagePinner* pinned_by_ ABSL_GUARDED_BY(pin_mu_) = nullptr;  // set once pinned
+  bool pin_failed_ ABSL_GUARDED_BY(pin_mu_) = false;
 };
 
 class MemoryTier {
  public:
   explicit MemoryTier(uint64_t budget) : budget_(budget) {}
 
-  // Pin() pins with `pinner` (which outlives the tier) from now on.
+  // Pin() and Find() pin with `pinner` (which outlives the tier) from now on.
   void SetPinner(ImagePinner* pinner);
 
   // An image of `size` bytes for a data file being written, or null when
@@ -87,6 +96,8 @@ class MemoryTier {
   // The checkpoint failed or was deleted: forget its images.
   void Drop(const std::string& job, const std::string& checkpoint);
   // A complete checkpoint's image of `file` whose size is `size`, or null.
+  // With a pinner set, the image is pinned first (or its pin in progress
+  // waited for); one the pinner could not pin is returned unpinned.
   std::shared_ptr<const FileImage> Find(const std::string& job, const std::string& checkpoint,
                                         const std::string& file, uint64_t size) const;
 

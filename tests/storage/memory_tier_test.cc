@@ -1,10 +1,16 @@
 // The in-memory tier holds at most its budget, serves only complete
-// checkpoints, and evicts the oldest unused checkpoint to make room.
+// checkpoints, evicts the oldest unused checkpoint to make room, and,
+// once a GPU trainer is connected, serves only pinned images.
 #include "storage/memory_tier.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 
 namespace ckpt {
 namespace {
@@ -134,6 +140,87 @@ TEST_CASE("every image of an evicted checkpoint serves a later file of its size,
   small.reset();
   tier.SetBudget(0);
   CHECK(tier.used_bytes() == 0);
+}
+
+// Counts pins and unpins; a pin can be held until the test lets it end,
+// or fail.
+class CountingPinner final : public ImagePinner {
+ public:
+  absl::StatusOr<bool> Pin(char* /*data*/, uint64_t /*size*/) override {
+    entered.Notify();
+    if (hold) release.WaitForNotification();
+    pins.fetch_add(1);
+    if (fail) return absl::ResourceExhaustedError("no memory to lock");
+    return true;
+  }
+  void Unpin(char* /*data*/, uint64_t /*size*/) override { unpins.fetch_add(1); }
+
+  bool hold = false;
+  bool fail = false;
+  absl::Notification entered;
+  absl::Notification release;
+  std::atomic<int> pins{0};
+  std::atomic<int> unpins{0};
+};
+
+TEST_CASE("a load that comes before the pin after the commit gets the image "
+          "pinned, once",
+          "[memory_tier]") {
+  CountingPinner pinner;
+  MemoryTier tier(1 << 20);
+  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
+  tier.MarkComplete("job", "a");
+  // No GPU trainer yet: nothing is pinned.
+  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+  CHECK(pinner.pins == 0);
+
+  tier.SetPinner(&pinner);
+  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+  CHECK(pinner.pins == 1);
+  tier.Pin("job", "a");  // the pin after the commit finds it done
+  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+  CHECK(pinner.pins == 1);
+  tier.Drop("job", "a");
+  CHECK(pinner.unpins == 1);
+}
+
+TEST_CASE("a load waits for the pin in progress of the image it reads",
+          "[memory_tier]") {
+  CountingPinner pinner;
+  pinner.hold = true;
+  MemoryTier tier(1 << 20);
+  tier.SetPinner(&pinner);
+  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
+  tier.MarkComplete("job", "a");
+  std::thread committer([&] { tier.Pin("job", "a"); });
+  pinner.entered.WaitForNotification();
+
+  std::atomic<bool> found{false};
+  std::thread loader([&] { found = tier.Find("job", "a", "f", 4096) != nullptr; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(found);  // still waiting for the pin
+  pinner.release.Notify();
+  loader.join();
+  committer.join();
+  CHECK(found);
+  CHECK(pinner.pins == 1);
+}
+
+TEST_CASE("an image whose pin failed is served unpinned and not pinned again",
+          "[memory_tier]") {
+  CountingPinner pinner;
+  pinner.fail = true;
+  MemoryTier tier(1 << 20);
+  tier.SetPinner(&pinner);
+  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
+  tier.MarkComplete("job", "a");
+  tier.Pin("job", "a");
+  CHECK(pinner.pins == 1);
+  CHECK(tier.Find("job", "a", "f", 4096) != nullptr);
+  CHECK(tier.Find("job", "a", "f", 4096) != nullptr);
+  CHECK(pinner.pins == 1);
+  tier.Drop("job", "a");
+  CHECK(pinner.unpins == 0);
 }
 
 }  // namespace
