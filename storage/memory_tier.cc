@@ -147,7 +147,17 @@ void MemoryTier::Drop(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
   auto it = checkpoints_.find(Key(job, checkpoint));
   if (it == checkpoints_.end()) return;
-  for (const auto& [name, image] : it->second.files) used_ -= image->size();
+  for (auto& [name, image] : it->second.files) {
+    // Unreachable once erased, so a count of one stays one: nobody reads
+    // or writes it, and the next save's file of its size takes it as it is
+    // (mapped, faulted in, pinned). One a load or a writer still holds
+    // goes when they let it go, outside the budget from now on.
+    if (image.use_count() == 1) {
+      spares_.push_back(std::move(image));  // its bytes stay in used_
+    } else {
+      used_ -= image->size();
+    }
+  }
   checkpoints_.erase(it);
 }
 

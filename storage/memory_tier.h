@@ -17,9 +17,10 @@
 // a load which sees the COMMIT also sees the images. The tier holds at
 // most `budget` bytes: reserving room for a new checkpoint evicts the
 // oldest other checkpoints' images that no load is using; if that is not
-// enough, the file is simply not kept. Evicted images are not unmapped at
-// once but kept as spares, still counted against the budget, and a later
-// Reserve of the same size takes one: saves of a job repeat their file
+// enough, the file is simply not kept. Evicted images, and those of a
+// checkpoint dropped (failed, or deleted by retention) that nobody holds,
+// are not unmapped at once but kept as spares, still counted against the
+// budget, and a later Reserve of the same size takes one: saves of a job repeat their file
 // sizes (one per rank or file), and unmapping gigabytes only to fault them
 // in again would slow the next save's tier copies by the page faults. A
 // spare is unmapped only when its room is needed for an image of another
@@ -93,7 +94,8 @@ class MemoryTier {
   // Pins the checkpoint's images with the pinner, if one is set (after
   // COMMITTED is published: pinning gigabytes takes a while).
   void Pin(const std::string& job, const std::string& checkpoint);
-  // The checkpoint failed or was deleted: forget its images.
+  // The checkpoint failed or was deleted: forget it; its images nobody
+  // holds become spares.
   void Drop(const std::string& job, const std::string& checkpoint);
   // A complete checkpoint's image of `file` whose size is `size`, or null.
   // With a pinner set, the image is pinned first (or its pin in progress

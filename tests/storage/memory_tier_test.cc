@@ -53,12 +53,36 @@ TEST_CASE("a tier does not evict an image a load is reading", "[memory_tier]") {
   CHECK(tier.Reserve("job", "b", "f", 4096) != nullptr);
 }
 
-TEST_CASE("dropping a checkpoint frees its budget", "[memory_tier]") {
-  MemoryTier tier(4096);
-  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
-  tier.Drop("job", "a");
-  CHECK(tier.used_bytes() == 0);
-  CHECK(tier.Reserve("job", "b", "f", 4096) != nullptr);
+TEST_CASE("a dropped checkpoint's images nobody holds serve the next file of "
+          "their size, and give way to one of another size",
+          "[memory_tier]") {
+  MemoryTier tier(2 * 4096);
+  auto image = tier.Reserve("job", "a", "f", 4096);
+  REQUIRE(image != nullptr);
+  std::memset(image->data(), 0xAB, 4096);
+  image.reset();
+  auto held = tier.Reserve("job", "a", "g", 4096);  // a writer still holds it
+  REQUIRE(held != nullptr);
+  tier.MarkComplete("job", "a");
+  tier.Drop("job", "a");  // deleted by retention
+  CHECK(tier.Find("job", "a", "f", 4096) == nullptr);
+  CHECK(tier.used_bytes() == 4096);  // f, a spare; g left the budget
+  auto reused = tier.Reserve("job", "b", "f", 4096);
+  REQUIRE(reused != nullptr);
+  CHECK(static_cast<unsigned char>(reused->data()[4095]) == 0xAB);  // not a fresh mapping
+  CHECK(tier.used_bytes() == 4096);
+  held.reset();
+
+  tier.Drop("job", "b");  // failed
+  CHECK(tier.used_bytes() == 0);  // dropped while held: gone from the budget
+  reused.reset();
+  REQUIRE(tier.Reserve("job", "c", "f", 4096) != nullptr);
+  tier.Drop("job", "c");
+  CHECK(tier.used_bytes() == 4096);
+  auto other = tier.Reserve("job", "d", "f", 2 * 4096);  // the spare is unmapped
+  REQUIRE(other != nullptr);
+  CHECK(static_cast<unsigned char>(other->data()[0]) == 0);
+  CHECK(tier.used_bytes() == 2 * 4096);
 }
 
 TEST_CASE("a tier with no budget keeps nothing", "[memory_tier]") {
@@ -167,21 +191,31 @@ TEST_CASE("a load that comes before the pin after the commit gets the image "
           "pinned, once",
           "[memory_tier]") {
   CountingPinner pinner;
-  MemoryTier tier(1 << 20);
-  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
-  tier.MarkComplete("job", "a");
-  // No GPU trainer yet: nothing is pinned.
-  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
-  CHECK(pinner.pins == 0);
+  {
+    MemoryTier tier(1 << 20);
+    REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
+    tier.MarkComplete("job", "a");
+    // No GPU trainer yet: nothing is pinned.
+    REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+    CHECK(pinner.pins == 0);
 
-  tier.SetPinner(&pinner);
-  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
-  CHECK(pinner.pins == 1);
-  tier.Pin("job", "a");  // the pin after the commit finds it done
-  REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
-  CHECK(pinner.pins == 1);
-  tier.Drop("job", "a");
-  CHECK(pinner.unpins == 1);
+    tier.SetPinner(&pinner);
+    REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+    CHECK(pinner.pins == 1);
+    tier.Pin("job", "a");  // the pin after the commit finds it done
+    REQUIRE(tier.Find("job", "a", "f", 4096) != nullptr);
+    CHECK(pinner.pins == 1);
+    // Dropped, it stays pinned as a spare; the next checkpoint's file of
+    // its size takes it pinned.
+    tier.Drop("job", "a");
+    CHECK(pinner.unpins == 0);
+    REQUIRE(tier.Reserve("job", "b", "f", 4096) != nullptr);
+    tier.MarkComplete("job", "b");
+    tier.Pin("job", "b");
+    REQUIRE(tier.Find("job", "b", "f", 4096) != nullptr);
+    CHECK(pinner.pins == 1);
+  }
+  CHECK(pinner.unpins == 1);  // unpinned when it is unmapped
 }
 
 TEST_CASE("a load waits for the pin in progress of the image it reads",
