@@ -80,7 +80,7 @@ class VmmMapping final : public GpuMapping {
             absl::StrCat("taking fd ", piece.handle.peer_fd, " of piece ", i));
       }
       CUmemGenericAllocationHandle handle = 0;
-      RETURN_IF_ERROR(state_->Check(
+      RETURN_IF_ERROR(state_->CheckPeerInput(
           device_,
           api_->cuMemImportFromShareableHandle(
               &handle,
@@ -93,14 +93,14 @@ class VmmMapping final : public GpuMapping {
 
     // The exporter's location id is its own ordinal: ask for ours.
     CUmemAllocationProp prop = {};
-    RETURN_IF_ERROR(state_->Check(
+    RETURN_IF_ERROR(state_->CheckPeerInput(
         device_,
         api_->cuMemGetAllocationPropertiesFromHandle(&prop, imports_[0].handle),
         "cuMemGetAllocationPropertiesFromHandle"));
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device_;
     size_t granularity = 0;
-    RETURN_IF_ERROR(state_->Check(
+    RETURN_IF_ERROR(state_->CheckPeerInput(
         device_,
         api_->cuMemGetAllocationGranularity(&granularity, &prop,
                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -116,7 +116,7 @@ class VmmMapping final : public GpuMapping {
       total += imports_[i].bytes;
     }
 
-    RETURN_IF_ERROR(state_->Check(
+    RETURN_IF_ERROR(state_->CheckPeerInput(
         device_,
         api_->cuMemAddressReserve(&reserved_, total, granularity, 0, 0),
         absl::StrCat("cuMemAddressReserve of ", total, " bytes")));
@@ -125,7 +125,7 @@ class VmmMapping final : public GpuMapping {
     for (size_t i = 0; i < imports_.size(); ++i) {
       // A mapping covers a whole allocation (the driver maps no part of
       // one), so allocation_bytes must be the allocation's true size.
-      RETURN_IF_ERROR(state_->Check(
+      RETURN_IF_ERROR(state_->CheckPeerInput(
           device_,
           api_->cuMemMap(at, imports_[i].bytes, 0, imports_[i].handle, 0),
           absl::StrCat("cuMemMap of piece ", i, " (", imports_[i].bytes,
@@ -137,7 +137,7 @@ class VmmMapping final : public GpuMapping {
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RETURN_IF_ERROR(state_->Check(
+    RETURN_IF_ERROR(state_->CheckPeerInput(
         device_, api_->cuMemSetAccess(reserved_, total, &access, 1),
         "cuMemSetAccess"));
 
@@ -314,7 +314,7 @@ absl::StatusOr<std::unique_ptr<GpuEvent>> CudaDevice::OpenEvent(
       cuda_internal::EventPage::Open(
           *std::move(fd), device,
           [state, device](CUresult result, absl::string_view what) {
-            return state->Check(device, result, what);
+            return state->CheckPeerInput(device, result, what);
           }));
   return std::make_unique<CudaEvent>(device, std::move(page));
 }

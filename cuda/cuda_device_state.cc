@@ -97,6 +97,19 @@ absl::Status DeviceState::Check(int device, CUresult result,
   return status;
 }
 
+absl::Status DeviceState::CheckPeerInput(int device, cudaError_t error,
+                                         absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  return CudaErrorToStatus(error, absl::StrCat(what, " on device ", device));
+}
+
+absl::Status DeviceState::CheckPeerInput(int device, CUresult result,
+                                         absl::string_view what) {
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  return CuResultToStatus(result, absl::StrCat(what, " on device ", device));
+}
+
 absl::StatusOr<void*> DeviceState::OpenIpcMemory(int device,
                                                  const std::string& handle) {
   absl::MutexLock lock(&ipc_mu_);
@@ -111,7 +124,7 @@ absl::StatusOr<void*> DeviceState::OpenIpcMemory(int device,
   cudaIpcMemHandle_t ipc_handle;
   std::memcpy(&ipc_handle, handle.data(), sizeof(ipc_handle));
   void* base = nullptr;
-  RETURN_IF_ERROR(Check(
+  RETURN_IF_ERROR(CheckPeerInput(
       device,
       cudaIpcOpenMemHandle(&base, ipc_handle, cudaIpcMemLazyEnablePeerAccess),
       "cudaIpcOpenMemHandle"));

@@ -47,6 +47,15 @@ class DeviceState {
   // reports it again.
   absl::Status Check(int device, cudaError_t error, absl::string_view what);
   absl::Status Check(int device, CUresult result, absl::string_view what);
+  // Check of a call whose arguments the trainer supplied (an fd, IPC handle
+  // bytes, allocation sizes, an event page): the error fails the call but
+  // never marks the device broken. Some drivers answer a bad handle with
+  // the generic "unknown error", which elsewhere means a lost context, and
+  // one trainer must not be able to take a GPU away from every other
+  // session by sending one; a context that really broke is marked by the
+  // next stream operation's Check.
+  absl::Status CheckPeerInput(int device, cudaError_t error, absl::string_view what);
+  absl::Status CheckPeerInput(int device, CUresult result, absl::string_view what);
   // Check of a ScopedCudaDevice's result.
   absl::Status SetDevice(const ScopedCudaDevice& guard, int device) {
     return Check(device, guard.error(), "cudaSetDevice");

@@ -308,6 +308,42 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "Handles a trainer made up (IPC handle bytes, an fd that is no CUDA "
+    "allocation) fail their mapping and leave the device usable for others",
+    "[cuda]") {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  Child child = Spawn([]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> gpu, CudaDevice::Create());
+    const uint64_t mb = 2 << 20;
+    std::string made_up(sizeof(cudaIpcMemHandle_t), '\0');
+    for (size_t i = 0; i < made_up.size(); ++i) made_up[i] = static_cast<char>(i * 37 + 11);
+    const PeerFdTaker no_fds = [](int) -> absl::StatusOr<UniqueFd> {
+      return absl::InternalError("no fd should be taken");
+    };
+    if (gpu->Map(0, {{{made_up}, mb, 0, mb}}, no_fds).ok()) {
+      return absl::InternalError("made-up IPC handle bytes were mapped");
+    }
+    const PeerFdTaker memfd = [](int) -> absl::StatusOr<UniqueFd> {
+      UniqueFd fd(::memfd_create("ckpt-not-cuda", MFD_CLOEXEC));
+      if (!fd.valid() || ::ftruncate(fd.get(), 2 << 20) != 0) {
+        return ErrnoToStatus(errno, "memfd");
+      }
+      return fd;
+    };
+    if (gpu->Map(0, {{{"", 5}, mb, 0, mb}}, memfd).ok()) {
+      return absl::InternalError("a plain memfd was imported as GPU memory");
+    }
+    // Not marked broken: a stream is made and its work completes.
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuStream> stream, gpu->CreateStream(0));
+    ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream->Fence());
+    return Annotate(fence->Wait(absl::Seconds(30)), "after the refused mappings");
+  });
+  const absl::Status status = Join(child);
+  INFO(status);
+  CHECK(status.ok());
+}
+
+TEST_CASE(
     "A cudaMalloc region is copied out after the trainer's ready event, "
     "written back, and its IPC opening is shared, closed and reopened",
     "[cuda]") {
