@@ -167,7 +167,7 @@ absl::StatusOr<CUdeviceptr> EventPage::CompletedOnDevice(
 }
 
 absl::Status EventPage::Record(CUstream stream, int stream_device,
-                               const CuCheck& check) {
+                               const CuCheck& check, RecordOrder order) {
   ASSIGN_OR_RETURN(CUdeviceptr completed, CompletedOnDevice(check));
   // Created first, so that an enqueued operation never lacks its event.
   CUevent after = nullptr;
@@ -175,8 +175,18 @@ absl::Status EventPage::Record(CUstream stream, int stream_device,
                         "cuEventCreate"));
   std::atomic_ref<uint32_t> recorded(words_[kRecorded]);
   const uint32_t target = recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
-  const CUresult result = api_->cuStreamWriteValue32(
-      stream, completed, target, CU_STREAM_WRITE_VALUE_DEFAULT);
+  const char* op = "cuStreamWriteValue32 (event record)";
+  CUresult result = CUDA_SUCCESS;
+  if (order == RecordOrder::kAfterPrevious) {
+    op = "cuStreamWaitValue32 (the event's previous record)";
+    result = api_->cuStreamWaitValue32(stream, completed, target - 1,
+                                       CU_STREAM_WAIT_VALUE_GEQ);
+  }
+  if (result == CUDA_SUCCESS) {
+    op = "cuStreamWriteValue32 (event record)";
+    result = api_->cuStreamWriteValue32(stream, completed, target,
+                                        CU_STREAM_WRITE_VALUE_DEFAULT);
+  }
   if (result != CUDA_SUCCESS) {
     // Not enqueued, so no write will ever reach `target`: take the record
     // back, unless another was made since (whose write covers it too).
@@ -184,7 +194,8 @@ absl::Status EventPage::Record(CUstream stream, int stream_device,
     recorded.compare_exchange_strong(expected, target - 1,
                                      std::memory_order_acq_rel);
     WarnUnless(api_->cuEventDestroy(after), "cuEventDestroy");
-    return check(result, MemOp("cuStreamWriteValue32 (event record)", result));
+    // (A wait enqueued before a failed write only holds its stream.)
+    return check(result, MemOp(op, result));
   }
   return Track(stream, stream_device, after, check);
 }

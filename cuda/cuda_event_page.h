@@ -26,7 +26,11 @@
 //     ends every wait on the records made so far. That is what the survivor
 //     does for a dead peer, whose pending writes died with its context.
 // One process records each event (the trainer "ready", the daemon
-// "staged"), from streams in order, so `completed` only grows.
+// "staged"). The trainer records from its stream, in order; the daemon
+// records each save's "staged" on that save's own stream, and saves of one
+// rank may overlap, so its records are ordered (RecordOrder::kAfterPrevious):
+// the stream first waits for `completed` >= target - 1, then writes target.
+// Either way `completed` only grows.
 //
 // Waits do not use CU_STREAM_WAIT_VALUE_FLUSH. That flag makes *remote*
 // writes (another PCIe device's, e.g. GPUDirect RDMA into this GPU) that
@@ -103,7 +107,12 @@ class EventPage {
 
   // Enqueue a record / a wait on `stream`, a stream of `stream_device`,
   // which the caller has made current. Neither blocks the CPU.
-  absl::Status Record(CUstream stream, int stream_device, const CuCheck& check);
+  enum class RecordOrder {
+    kStreamOrder,    // the caller records on one stream, in order
+    kAfterPrevious,  // the write waits for the previous record's
+  };
+  absl::Status Record(CUstream stream, int stream_device, const CuCheck& check,
+                      RecordOrder order = RecordOrder::kStreamOrder);
   absl::Status Wait(CUstream stream, int stream_device, const CuCheck& check);
   // Completes every record made so far, from the CPU (no CUDA call).
   void CompleteRecorded();

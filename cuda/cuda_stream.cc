@@ -111,7 +111,8 @@ absl::Status CudaStream::RecordEvent(GpuEvent& event) {
   RETURN_IF_ERROR(state_->CheckDevice(device_));
   ScopedCudaDevice guard(device_);
   RETURN_IF_ERROR(state_->SetDevice(guard, device_));
-  return cuda_event->page().Record(stream_, device_, Checker());
+  return cuda_event->page().Record(stream_, device_, Checker(),
+                                   cuda_internal::EventPage::RecordOrder::kAfterPrevious);
 }
 
 absl::Status CudaStream::CopyToHost(absl::Span<const GpuCopy> copies) {

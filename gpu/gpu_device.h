@@ -112,6 +112,13 @@ class GpuStream {
  public:
   virtual ~GpuStream() = default;
   virtual absl::Status WaitEvent(GpuEvent& event) = 0;
+  // Records `event` after the stream's earlier work and after the event's
+  // previous record, on whichever stream that was made, was reached: the
+  // records reach the event in the order they were made. The daemon records
+  // a session's "staged" on each save's own stream, and two saves of one
+  // rank may be in flight at once; were the later one's record reached
+  // first, the earlier one's would take `completed` back, and a wait on
+  // the later record would never end.
   virtual absl::Status RecordEvent(GpuEvent& event) = 0;
   // Enqueues device-to-host copies; `host` must be registered memory.
   virtual absl::Status CopyToHost(absl::Span<const GpuCopy> copies) = 0;

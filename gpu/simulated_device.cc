@@ -231,7 +231,7 @@ class SimulatedCopyStream final : public GpuStream {
   }
   absl::Status RecordEvent(GpuEvent& event) override {
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
-    stream_.RecordEvent(std::move(e));
+    stream_.RecordEvent(std::move(e), /*after_previous=*/true);
     return absl::OkStatus();
   }
   absl::Status CopyToHost(absl::Span<const GpuCopy> copies) override {

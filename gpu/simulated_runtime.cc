@@ -203,9 +203,19 @@ void SimulatedStream::Synchronize() {
   done.WaitForNotification();
 }
 
-void SimulatedStream::RecordEvent(std::shared_ptr<SimulatedEvent> event) {
+void SimulatedStream::RecordEvent(std::shared_ptr<SimulatedEvent> event,
+                                  bool after_previous) {
   const uint64_t target = event->EnqueueRecord();
-  Enqueue([event = std::move(event), target] { event->Complete(target); });
+  Enqueue([this, event = std::move(event), target, after_previous] {
+    while (after_previous && !event->Covers(target - 1)) {
+      if (stopping_.load(std::memory_order_acquire)) {
+        abandoned_ = true;
+        return;
+      }
+      absl::SleepFor(kSimulatedEventPollInterval);
+    }
+    event->Complete(target);
+  });
 }
 
 void SimulatedStream::WaitEvent(std::shared_ptr<SimulatedEvent> event) {

@@ -23,7 +23,10 @@
 //   recorded  - how many records were enqueued (at enqueue time, CPU side);
 //   completed - the highest record a stream has reached.
 // RecordEvent: at enqueue, target = ++recorded; when the stream reaches
-// the record, completed = max(completed, target) (release).
+// the record, completed = max(completed, target) (release). The daemon's
+// records (GpuStream::RecordEvent) first wait for completed >= target - 1,
+// as its CUDA streams do: records made on several streams are reached in
+// the order they were made.
 // WaitEvent: at enqueue, target = recorded; when the stream reaches the
 // wait, it blocks until completed >= target (acquire), polling every
 // kSimulatedEventPollInterval.
@@ -152,8 +155,9 @@ class SimulatedStream {
   void Enqueue(std::function<void()> work);
   // Blocks until all work enqueued before this call has run.
   void Synchronize();
-  // Records `event` at this point of the stream.
-  void RecordEvent(std::shared_ptr<SimulatedEvent> event);
+  // Records `event` at this point of the stream; with `after_previous`,
+  // once the event's previous record was reached too (GpuStream::RecordEvent).
+  void RecordEvent(std::shared_ptr<SimulatedEvent> event, bool after_previous = false);
   // Makes later work wait for `event`'s most recent record as of now.
   void WaitEvent(std::shared_ptr<SimulatedEvent> event);
 

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -333,6 +334,43 @@ struct BlockedOnReady {
     REQUIRE(fence.ok());
   }
 };
+
+TEST_CASE(
+    "A staged record reached before the one made ahead of it on another "
+    "stream waits for it: a wait on the later record never passes while the "
+    "earlier save's copies are still queued",
+    "[gpu]") {
+  InProcess gpu;
+  SimulatedStream trainer_stream;
+  absl::Notification release;
+  // The earlier save's stream: its record waits behind the trainer's ready.
+  BlockedOnReady earlier(gpu, trainer_stream, release);
+  auto events = gpu.trainer.Events(gpu.region.device_uuid);
+  REQUIRE(events.ok());
+  auto staged = gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
+  REQUIRE(staged.ok());
+  REQUIRE((*earlier.stream)->RecordEvent(**staged).ok());
+  // The later save's stream has nothing to wait for but the earlier record.
+  auto later = gpu.device.CreateStream(0);
+  REQUIRE(later.ok());
+  REQUIRE((*later)->RecordEvent(**staged).ok());
+  auto later_fence = (*later)->Fence();
+  REQUIRE(later_fence.ok());
+
+  // The trainer's optimizer step, ordered after both saves' staged.
+  SimulatedStream step_stream;
+  REQUIRE(gpu.trainer.WaitStaged(gpu.region.device_uuid, &step_stream).ok());
+  std::atomic<bool> stepped{false};
+  step_stream.Enqueue([&stepped] { stepped = true; });
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK_FALSE(stepped);
+  CHECK_FALSE(*(*later_fence)->Ready());
+
+  release.Notify();
+  REQUIRE((*later_fence)->Wait(absl::Seconds(10)).ok());
+  step_stream.Synchronize();
+  CHECK(stepped);
+}
 
 TEST_CASE("Destroying a mapping unmaps it and closes the fds it took",
           "[gpu]") {
