@@ -121,19 +121,52 @@ absl::Status CheckRange(uint64_t address, uint64_t length) {
   return absl::OkStatus();
 }
 
+absl::Status NotDeviceMemory(uint64_t address, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "address 0x", absl::Hex(address), " is not device memory (", what,
+      "; managed and host memory cannot be shared with the daemon)"));
+}
+
 // The device of device memory at `address`; InvalidArgument for any other
-// memory.
-absl::StatusOr<int> DeviceOf(uint64_t address) {
+// memory. The driver is asked first: cudaPointerGetAttributes, a runtime
+// call, creates the primary context of the calling thread's current device
+// before it answers, and on a thread that never chose one (ckptd.torch
+// makes the save RPC from its own submit thread) that is device 0: about
+// 500 MiB of GPU 0 taken by every rank of the node. The driver answers for
+// unified addresses without a current context; where it wants one
+// (CUDA_ERROR_INVALID_CONTEXT), the runtime call is the fallback.
+absl::StatusOr<int> DeviceOf(const CudaDriverApi& api, uint64_t address) {
+  const CUdeviceptr p = address;
+  uint64_t type = 0;  // CUmemorytype, 4 bytes written
+  const CUresult result =
+      api.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+  if (result == CUDA_ERROR_INVALID_VALUE) {
+    return NotDeviceMemory(address, "unknown to CUDA");
+  }
+  if (result == CUDA_SUCCESS) {
+    ASSIGN_OR_RETURN(const uint64_t managed,
+                     PointerAttribute(api, CU_POINTER_ATTRIBUTE_IS_MANAGED, p,
+                                      "IS_MANAGED"));
+    if (type != CU_MEMORYTYPE_DEVICE || managed != 0) {
+      return NotDeviceMemory(address, absl::StrCat("CUmemorytype ", type,
+                                                   managed != 0 ? ", managed" : ""));
+    }
+    ASSIGN_OR_RETURN(const uint64_t ordinal,
+                     PointerAttribute(api, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                      p, "DEVICE_ORDINAL"));
+    return static_cast<int>(ordinal);
+  }
+  if (result != CUDA_ERROR_INVALID_CONTEXT) {
+    return Check(result, absl::StrCat("cuPointerGetAttribute(MEMORY_TYPE) of 0x",
+                                      absl::Hex(address)));
+  }
   cudaPointerAttributes attributes = {};
   RETURN_IF_ERROR(Check(
       cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(address)),
       absl::StrCat("cudaPointerGetAttributes of 0x", absl::Hex(address))));
   if (attributes.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address 0x", absl::Hex(address),
-        " is not device memory (cudaMemoryType ",
-        static_cast<int>(attributes.type),
-        "; managed and host memory cannot be shared with the daemon)"));
+    return NotDeviceMemory(
+        address, absl::StrCat("cudaMemoryType ", static_cast<int>(attributes.type)));
   }
   return attributes.device;
 }
@@ -181,7 +214,7 @@ absl::StatusOr<GpuRegionExport> CudaTrainerGpu::Export(uint64_t address,
                                                        uint64_t length) {
   RETURN_IF_ERROR(CheckRange(address, length));
   ASSIGN_OR_RETURN(const CudaDriverApi* api, CudaDriver());
-  ASSIGN_OR_RETURN(int device, DeviceOf(address));
+  ASSIGN_OR_RETURN(int device, DeviceOf(*api, address));
   GpuRegionExport out;
   ASSIGN_OR_RETURN(out.device_uuid, DeviceUuid(device));
   ScopedCudaDevice guard(device);
@@ -227,7 +260,7 @@ absl::StatusOr<std::vector<uint64_t>> CudaTrainerGpu::AllocationIds(
     uint64_t address, uint64_t length) {
   RETURN_IF_ERROR(CheckRange(address, length));
   ASSIGN_OR_RETURN(const CudaDriverApi* api, CudaDriver());
-  ASSIGN_OR_RETURN(int device, DeviceOf(address));
+  ASSIGN_OR_RETURN(int device, DeviceOf(*api, address));
   ScopedCudaDevice guard(device);
   RETURN_IF_ERROR(Check(guard.error(), "cudaSetDevice"));
   std::vector<uint64_t> ids;
