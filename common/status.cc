@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckpt {
@@ -32,8 +33,24 @@ absl::Status ErrnoToStatus(int err, absl::string_view context) {
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
+  absl::Status annotated(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    annotated.SetPayload(url, payload);
+  });
+  return annotated;
+}
+
+namespace {
+constexpr absl::string_view kHostMemoryInUseUrl = "ckptd/host-memory-in-use";
+}  // namespace
+
+absl::Status MarkHostMemoryInUse(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kHostMemoryInUseUrl, absl::Cord("1"));
+  return status;
+}
+
+bool HostMemoryInUse(const absl::Status& status) {
+  return status.GetPayload(kHostMemoryInUseUrl).has_value();
 }
 
 }  // namespace ckpt

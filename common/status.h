@@ -19,8 +19,17 @@ namespace ckpt {
 // Internal.
 absl::Status ErrnoToStatus(int err, absl::string_view context);
 
-// Returns `status` with `context` prepended to its message ("context: msg").
+// Returns `status` with `context` prepended to its message ("context: msg");
+// its payloads go with it.
 absl::Status Annotate(const absl::Status& status, absl::string_view context);
+
+// An error after which a copy engine may still read or write the host
+// memory the failed call was given (GPU copies that did not end within
+// their timeout): its owner must never reuse or unmap that memory
+// (StagingLease::Withhold; a tier image kept for the daemon's life).
+// Marked with a payload, which Annotate keeps.
+absl::Status MarkHostMemoryInUse(absl::Status status);
+bool HostMemoryInUse(const absl::Status& status);
 
 }  // namespace ckpt
 

@@ -13,6 +13,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "gpu/simulated_runtime.h"
@@ -28,6 +30,7 @@ struct SimulatedDeviceState {
   std::map<uint64_t, uint64_t> mappings ABSL_GUARDED_BY(mu);
   absl::Status next_copy_fault ABSL_GUARDED_BY(mu);
   CopyFault next_copy_fault_when ABSL_GUARDED_BY(mu) = CopyFault::kOnEnqueue;
+  absl::Duration next_copy_stall ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
 };
 
 namespace {
@@ -252,9 +255,11 @@ class SimulatedCopyStream final : public GpuStream {
   absl::Status EnqueueCopies(absl::Span<const GpuCopy> copies, bool to_host) {
     RETURN_IF_ERROR(sticky_error());
     absl::Status fault_on_completion;
+    absl::Duration stall;
     {
       absl::MutexLock lock(&device_->mu);
       RETURN_IF_ERROR(CheckCopies(*device_, copies));
+      stall = std::exchange(device_->next_copy_stall, absl::ZeroDuration());
       if (!device_->next_copy_fault.ok()) {
         absl::Status fault = std::exchange(device_->next_copy_fault, {});
         if (device_->next_copy_fault_when == CopyFault::kOnEnqueue) {
@@ -265,7 +270,8 @@ class SimulatedCopyStream final : public GpuStream {
     }
     stream_.Enqueue([this, fault = std::move(fault_on_completion),
                      batch = std::vector<GpuCopy>(copies.begin(), copies.end()),
-                     to_host] {
+                     to_host, stall] {
+      absl::SleepFor(stall);
       if (!sticky_error().ok()) return;
       absl::Status result = fault.ok() ? RunCopies(batch, to_host) : fault;
       if (!result.ok()) {
@@ -441,6 +447,11 @@ absl::Status SimulatedDevice::UnregisterHostMemory(char* data, uint64_t length,
   }
   for (const auto& [at, size] : unregistering) chunks.erase(start + at);
   return absl::OkStatus();
+}
+
+void SimulatedDevice::StallNextCopy(absl::Duration stall) {
+  absl::MutexLock lock(&state_->mu);
+  state_->next_copy_stall = stall;
 }
 
 void SimulatedDevice::FailNextCopy(absl::Status status, CopyFault when) {

@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "gpu/gpu_device.h"
 #include "gpu/simulated_runtime.h"
@@ -75,6 +76,9 @@ class SimulatedDevice final : public GpuDevice {
   // OK), at `when`.
   void FailNextCopy(absl::Status status,
                     CopyFault when = CopyFault::kOnEnqueue);
+  // The next such call's copies start only `stall` after their stream
+  // reached them (a copy engine that hangs for a while).
+  void StallNextCopy(absl::Duration stall);
 
  private:
   absl::Status CheckOrdinal(int device) const;

@@ -6,8 +6,10 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/daemon_metrics.h"
+#include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
@@ -82,6 +84,20 @@ struct RoundRun {
     }
   }
 };
+
+// Memory tier images that copies into GPU memory may still read (they did
+// not end: HostMemoryInUse) are never unpinned nor unmapped: they are kept
+// for the daemon's life, as withheld staging buffers are, and the tier
+// never evicts a checkpoint whose image is held.
+void KeepImagesForever(const std::vector<std::shared_ptr<const FileImage>>& images) {
+  if (images.empty()) return;
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* kept = new std::vector<std::shared_ptr<const FileImage>>();
+  absl::MutexLock lock(&mu);
+  LogError("keeping ", images.size(), " memory tier images for the daemon's life: "
+           "copies from them into GPU memory did not end");
+  kept->insert(kept->end(), images.begin(), images.end());
+}
 
 // `done`, counting the load's outcome and duration (from now) first.
 Loader::Done Measured(Loader::Done done) {
@@ -250,6 +266,9 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       if (n.ok()) {
         run->bytes_read += *n;
       } else {
+        if (HostMemoryInUse(n.status()) && read.request.memory_image != nullptr) {
+          KeepImagesForever(run->images);
+        }
         absl::MutexLock lock(&run->mu);
         for (size_t i : run->file_users[file]) {
           if (run->entries[i].status.ok()) run->entries[i].status = n.status();

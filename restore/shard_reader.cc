@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_metrics.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "io/io_pipeline.h"
@@ -458,8 +459,14 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
       }
     }
     while (error.ok() && !windows.empty() && windows.front().done) {
-      const Window& w = windows.front();
+      Window& w = windows.front();
       error = consumer.Consume(w.buffer.data(), w.planned, w.bytes);
+      // Copies into GPU memory that did not end may still read it.
+      if (HostMemoryInUse(error)) {
+        LogError("staging buffer withheld from the pool: copies from it into GPU "
+                 "memory did not end (", error.ToString(), ")");
+        w.buffer.Withhold();
+      }
       windows.pop_front();  // its buffer goes back to the pool
     }
     if (error.ok()) error = submit_more();

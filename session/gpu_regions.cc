@@ -226,6 +226,7 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
   // file at once (restore/read_split.h) queue behind each other on the copy
   // engine instead of each waiting for the one before to end.
   absl::Status status;
+  bool ended = true;  // false once a copy may run on past this call
   std::vector<std::unique_ptr<GpuFence>> fences;
   absl::ReleasableMutexLock lock(&copy_mu_);
   for (auto& [device, copies] : by_device) {
@@ -244,13 +245,14 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
     absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
     if (fence.ok()) {
       fences.push_back(*std::move(fence));
-    } else if (status.ok()) {
-      status = fence.status();
+    } else {
+      // Copies of this stream may be queued that nothing tells the end of.
+      ended = false;
+      if (status.ok()) status = fence.status();
     }
     if (!status.ok()) break;
   }
   lock.Release();
-  bool ended = true;
   for (auto& fence : fences) {
     absl::Status waited = fence->Wait(copy_timeout_);
     if (!waited.ok()) {
@@ -258,8 +260,13 @@ absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
       if (status.ok()) status = waited;
     }
   }
-  // A copy that did not end must never run against unmapped memory.
-  if (!ended) QuarantineRegions(std::move(held));
+  if (!ended) {
+    // A copy that did not end must never run against unmapped memory, on
+    // either side: the regions stay mapped, and the caller keeps its host
+    // memory out of use (a staging buffer withheld, a tier image kept).
+    QuarantineRegions(std::move(held));
+    status = MarkHostMemoryInUse(status);
+  }
   return Annotate(status, to_host ? "copy from GPU" : "copy to GPU");
 }
 

@@ -90,6 +90,9 @@ class GpuRegions {
   uint64_t releases() const { return releases_.load(std::memory_order_acquire); }
 
   // Synchronous copies of spans that all lie in GPU regions (restore).
+  // Copies that do not end within copy_timeout() fail the call with an
+  // error HostMemoryInUse (common/status.h) says is one: the spans' host
+  // memory may still be read or written, so the caller must keep it.
   absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host);
 
   GpuDevice* device() const { return device_; }

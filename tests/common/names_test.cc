@@ -139,5 +139,18 @@ TEST_CASE("Annotate prepends context to an error and leaves OK alone",
   CHECK(Annotate(absl::OkStatus(), "read f").ok());
 }
 
+TEST_CASE("an error marked as leaving host memory in use stays marked through "
+          "Annotate, and only errors are marked",
+          "[status]") {
+  const absl::Status marked =
+      MarkHostMemoryInUse(absl::DeadlineExceededError("copies did not end"));
+  CHECK(HostMemoryInUse(marked));
+  const absl::Status annotated = Annotate(Annotate(marked, "copy to GPU"), "load");
+  CHECK(HostMemoryInUse(annotated));
+  CHECK(annotated.message() == "load: copy to GPU: copies did not end");
+  CHECK_FALSE(HostMemoryInUse(absl::DeadlineExceededError("copies did not end")));
+  CHECK_FALSE(HostMemoryInUse(MarkHostMemoryInUse(absl::OkStatus())));
+}
+
 }  // namespace
 }  // namespace ckpt
