@@ -218,14 +218,26 @@ TEST_CASE("a load that comes before the pin after the commit gets the image "
   CHECK(pinner.unpins == 1);  // unpinned when it is unmapped
 }
 
+// A tier whose pinner is set, holding checkpoint "a" (complete) with the
+// one-page file "f".
+struct TierWithPinner {
+  CountingPinner pinner;
+  MemoryTier tier{1 << 20};
+
+  TierWithPinner(bool hold, bool fail) {
+    pinner.hold = hold;
+    pinner.fail = fail;
+    tier.SetPinner(&pinner);
+    REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
+    tier.MarkComplete("job", "a");
+  }
+};
+
 TEST_CASE("a load waits for the pin in progress of the image it reads",
           "[memory_tier]") {
-  CountingPinner pinner;
-  pinner.hold = true;
-  MemoryTier tier(1 << 20);
-  tier.SetPinner(&pinner);
-  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
-  tier.MarkComplete("job", "a");
+  TierWithPinner t(/*hold=*/true, /*fail=*/false);
+  CountingPinner& pinner = t.pinner;
+  MemoryTier& tier = t.tier;
   std::thread committer([&] { tier.Pin("job", "a"); });
   pinner.entered.WaitForNotification();
 
@@ -242,12 +254,9 @@ TEST_CASE("a load waits for the pin in progress of the image it reads",
 
 TEST_CASE("an image whose pin failed is served unpinned and not pinned again",
           "[memory_tier]") {
-  CountingPinner pinner;
-  pinner.fail = true;
-  MemoryTier tier(1 << 20);
-  tier.SetPinner(&pinner);
-  REQUIRE(tier.Reserve("job", "a", "f", 4096) != nullptr);
-  tier.MarkComplete("job", "a");
+  TierWithPinner t(/*hold=*/false, /*fail=*/true);
+  CountingPinner& pinner = t.pinner;
+  MemoryTier& tier = t.tier;
   tier.Pin("job", "a");
   CHECK(pinner.pins == 1);
   CHECK(tier.Find("job", "a", "f", 4096) != nullptr);
