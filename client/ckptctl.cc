@@ -76,6 +76,18 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
       s.version(), s.pid(), s.node_id(), s.nodes(), s.root(), s.io_backend(),
       Bytes(s.staging_pool_bytes()), Bytes(s.staging_pool_free_bytes()),
       Bytes(s.peak_rss_bytes()), s.sessions());
+  if (s.gpu_saves_held() > 0) {
+    absl::StrAppendFormat(&out,
+                          "held: %u failed saves' GPU copies have not ended (their "
+                          "buffers and mappings return once they do)\n",
+                          s.gpu_saves_held());
+  }
+  if (s.staging_buffers_withheld() > 0) {
+    absl::StrAppendFormat(&out,
+                          "WITHHELD: %u staging buffers are out of the pool until "
+                          "ckptd restarts (see its log)\n",
+                          s.staging_buffers_withheld());
+  }
   const ckpt::v1::StartupRecoveryReport& r = s.startup_recovery();
   const int recovered = r.temporaries_removed_size() + r.checkpoints_removed_size() +
                         r.parts_removed_size() + r.latest_repaired_size() +

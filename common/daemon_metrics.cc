@@ -87,6 +87,14 @@ DaemonMetrics::DaemonMetrics()
           "ckptd_staging_pool_used_bytes", "Staging pool bytes lent out now.")),
       staging_pool_size_bytes(registry_.AddGauge("ckptd_staging_pool_size_bytes",
                                                  "Staging pool size in bytes.")),
+      staging_pool_withheld_bytes(registry_.AddGauge(
+          "ckptd_staging_pool_withheld_bytes",
+          "Staging pool bytes kept out of the pool for good (copies or I/O whose "
+          "end cannot be known).")),
+      gpu_saves_held(registry_.AddGauge(
+          "ckptd_gpu_saves_held",
+          "Failed saves whose GPU copies may still run: their staging buffers and "
+          "GPU mappings are held until the copies end.")),
       memory_tier_used_bytes(registry_.AddGauge(
           "ckptd_memory_tier_used_bytes",
           "Bytes of checkpoint images the memory tier holds.")),

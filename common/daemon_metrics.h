@@ -73,6 +73,8 @@ class DaemonMetrics {
   // Bound by their components (see above).
   Gauge& staging_pool_used_bytes;
   Gauge& staging_pool_size_bytes;
+  Gauge& staging_pool_withheld_bytes;
+  Gauge& gpu_saves_held;
   Gauge& memory_tier_used_bytes;
   Gauge& memory_tier_budget_bytes;
   Gauge& sessions;

@@ -53,7 +53,27 @@ class VmmMapping final : public GpuMapping {
       : state_(std::move(state)), api_(api), device_(device) {}
 
   ~VmmMapping() override {
+    // A Build that failed before importing anything left nothing to undo:
+    // do not touch the device (it may be the reason Build failed).
+    if (imports_.empty() && reserved_ == 0) return;
     ScopedCudaDevice guard(device_);
+    if (guard.error() != cudaSuccess) {
+      // The driver calls below act on the thread's current context: in
+      // another device's they would fail at best, and at worst unmap a
+      // range of that context. Leaking the mapping (and keeping the
+      // trainer's allocations alive) is the lesser harm.
+      if (guard.error() == cudaErrorCudartUnloading) {
+        // Process exit: the runtime went first and takes the mappings along.
+        (void)cudaGetLastError();
+        return;
+      }
+      // Through Check, so that a sticky error marks the device broken.
+      absl::Status status = state_->SetDevice(guard, device_);
+      LogError("leaking a mapping of ", imports_.size(),
+               " imported allocations on device ", device_,
+               " (not unmapped or released): ", status.message());
+      return;
+    }
     for (const Import& import : imports_) {
       if (import.mapped_at == 0) continue;
       Warn(api_->cuMemUnmap(import.mapped_at, import.bytes), "cuMemUnmap");

@@ -17,7 +17,10 @@
 //     across them: pieces after the first start at offset 0, pieces before
 //     the last run to their allocation's end.
 //   A mapping unmaps (and releases its imports) when destroyed, so the
-//   daemon never keeps a trainer's allocation alive past its mapping.
+//   daemon never keeps a trainer's allocation alive past its mapping;
+//   the one exception is a device that cannot be made current then: the
+//   mapping is leaked (and an error logged) rather than unmapped in
+//   another device's context.
 //
 // Sticky errors: a call that returns one of the errors that leave a context
 // unusable (illegal address, launch failure, ECC, ...; IsStickyCudaError)

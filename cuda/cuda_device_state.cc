@@ -112,6 +112,12 @@ absl::Status DeviceState::CheckPeerInput(int device, CUresult result,
 
 absl::StatusOr<void*> DeviceState::OpenIpcMemory(int device,
                                                  const std::string& handle) {
+  // The device switch comes before ipc_mu_: the first one on a device
+  // creates its primary context (hundreds of milliseconds), and no other
+  // session's open or close should wait for that. The guard is the calling
+  // thread's alone and is restored after the lock is released.
+  ScopedCudaDevice guard(device);
+  RETURN_IF_ERROR(SetDevice(guard, device));
   absl::MutexLock lock(&ipc_mu_);
   auto key = std::make_pair(device, handle);
   auto it = ipc_.find(key);
@@ -119,8 +125,9 @@ absl::StatusOr<void*> DeviceState::OpenIpcMemory(int device,
     ++it->second.users;
     return it->second.base;
   }
-  ScopedCudaDevice guard(device);
-  RETURN_IF_ERROR(SetDevice(guard, device));
+  // Opened under ipc_mu_: a second cudaIpcOpenMemHandle of the handle in
+  // this context would fail, so the lookup, the open and the insert are one
+  // step (and a close in progress finishes before the handle is reopened).
   cudaIpcMemHandle_t ipc_handle;
   std::memcpy(&ipc_handle, handle.data(), sizeof(ipc_handle));
   void* base = nullptr;
@@ -138,6 +145,8 @@ void DeviceState::CloseIpcMemory(int device, const std::string& handle) {
   if (it == ipc_.end() || --it->second.users > 0) return;
   void* base = it->second.base;
   ipc_.erase(it);
+  // Still under ipc_mu_, so that no open of the same handle runs before the
+  // close is done. The switch is cheap here: the open made the context.
   ScopedCudaDevice guard(device);
   absl::Status status = SetDevice(guard, device);
   if (status.ok()) {

@@ -87,6 +87,9 @@ class DeviceState {
   absl::Status MarkBroken(int device, const absl::Status& cause);
   absl::Status EnumerateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Held across a handle's lookup, cudaIpcOpenMemHandle / CloseMemHandle
+  // and the table update, since a context opens a handle only once; never
+  // across the device switch that may create a context (OpenIpcMemory).
   absl::Mutex ipc_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::map<std::pair<int, std::string>, IpcOpening> ipc_
       ABSL_GUARDED_BY(ipc_mu_);

@@ -534,6 +534,10 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_memory_tier_bytes(c_.tier->used_bytes());
   response->set_gpu(c_.gpu);
   response->set_gpu_regions(static_cast<uint32_t>(c_.sessions->gpu_regions()));
+  response->set_staging_buffers_withheld(c_.pool->withheld_buffers());
+  if (c_.abandoned_copies != nullptr) {
+    response->set_gpu_saves_held(static_cast<uint32_t>(c_.abandoned_copies->pending()));
+  }
   if (c_.recovery != nullptr) {
     ReportRecovery(*c_.recovery, visible, response->mutable_startup_recovery());
   }

@@ -34,6 +34,7 @@
 #include "io/staging_pool.h"
 #include "restore/loader.h"
 #include "save/save_coordinator.h"
+#include "session/abandoned_copies.h"
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
@@ -63,6 +64,8 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     const AccessPolicy* policy = nullptr;
     // What startup recovery did, for DaemonStatus (ckptctl status).
     const StartupRecovery* recovery = nullptr;
+    // Saves' GPU copies that outlived them (DaemonStatus).
+    const AbandonedCopies* abandoned_copies = nullptr;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {}
 

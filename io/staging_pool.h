@@ -137,6 +137,8 @@ class StagingPool {
       [this] { return static_cast<double>(pool_bytes() - free_bytes()); });
   GaugeBinding size_gauge_ = DaemonMetrics::Get().staging_pool_size_bytes.Bind(
       [this] { return static_cast<double>(pool_bytes()); });
+  GaugeBinding withheld_gauge_ = DaemonMetrics::Get().staging_pool_withheld_bytes.Bind(
+      [this] { return static_cast<double>(uint64_t{buffer_bytes_} * withheld_buffers()); });
 };
 
 }  // namespace ckpt

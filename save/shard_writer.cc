@@ -72,7 +72,8 @@ struct WrittenWindow {
 // so whenever windows are left after an error, Discard (also run by the
 // destructor, so that no return path can skip it) first waits for
 // everything the batch enqueued. If that cannot be made sure (a copy past
-// its timeout), the buffers stay out of the pool for good rather than be
+// its timeout), the buffers go with the batch and return to the pool only
+// once its copies ended (CopyOutBatch::KeepUntilCopiesEnd), rather than be
 // lent to another save while a copy engine may still write them.
 //
 // Ownership: owns the windows and their leases; borrows the batch and the
@@ -102,11 +103,13 @@ class StagedWindows {
     const absl::Status drained = batch_->Drain();
     if (!drained.ok()) {
       LogError("staging buffers of ", path_,
-               " withheld from the pool: their copies did not end (",
+               " kept out of the pool until their copies end (",
                drained.ToString(), ")");
-      for (StagedWindow& w : windows_) w.buffer.Withhold();
+      std::vector<StagingLease> buffers;
+      for (StagedWindow& w : windows_) buffers.push_back(std::move(w.buffer));
+      batch_->KeepUntilCopiesEnd(std::move(buffers));
     }
-    windows_.clear();  // the buffers not withheld go back to the pool
+    windows_.clear();  // the buffers not kept go back to the pool
   }
 
  private:

@@ -99,6 +99,7 @@ void GpuBackend::SplitAtChunks(std::vector<GpuCopy>* copies) const {
 }
 
 GpuBackend::~GpuBackend() {
+  abandoned_.reset();
   absl::MutexLock lock(&mu_);
   if (prepared_ && prepare_status_.ok()) {
     absl::Status s = device_->UnregisterHostMemory(

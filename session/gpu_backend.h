@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/gpu_device.h"
 #include "io/staging_pool.h"
+#include "session/abandoned_copies.h"
 #include "storage/memory_tier.h"
 
 namespace ckpt {
@@ -61,6 +62,9 @@ class GpuBackend final : public ImagePinner {
   // Cuts `copies` where their host side crosses a registration chunk.
   void SplitAtChunks(std::vector<GpuCopy>* copies) const;
 
+  // Where saves leave copies whose end they could not make sure of.
+  AbandonedCopies& abandoned() { return *abandoned_; }
+
  private:
   GpuBackend(std::unique_ptr<GpuDevice> device, std::string reason,
              StagingPool* pool)
@@ -71,6 +75,9 @@ class GpuBackend final : public ImagePinner {
   const std::unique_ptr<GpuDevice> device_;
   const std::string unavailable_reason_;
   StagingPool* const pool_;
+  // Reset first at destruction: its leftovers are settled while the device
+  // and the pool's registration still exist.
+  std::unique_ptr<AbandonedCopies> abandoned_ = std::make_unique<AbandonedCopies>();
 
   mutable absl::Mutex mu_;
   bool prepared_ ABSL_GUARDED_BY(mu_) = false;

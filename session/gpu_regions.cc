@@ -25,15 +25,6 @@ absl::StatusOr<GpuHandleRef> EventHandle(const v1::CudaEventRef& ref) {
 
 }  // namespace
 
-void QuarantineRegions(std::vector<std::shared_ptr<const GpuRegion>> regions) {
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* kept = new std::vector<std::shared_ptr<const GpuRegion>>();
-  absl::MutexLock lock(&mu);
-  LogError("keeping ", regions.size(), " GPU mappings whose copies did not end "
-           "mapped for the daemon's life");
-  for (auto& r : regions) kept->push_back(std::move(r));
-}
-
 GpuRegions::GpuRegions(GpuBackend* backend, PeerFdTaker take_fd,
                        absl::Duration copy_timeout)
     : backend_(backend),

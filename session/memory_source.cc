@@ -40,6 +40,10 @@ class SynchronousCopyOut final : public CopyOutBatch {
 
 }  // namespace
 
+void CopyOutBatch::KeepUntilCopiesEnd(std::vector<StagingLease> buffers) {
+  for (StagingLease& buffer : buffers) buffer.Withhold();
+}
+
 absl::StatusOr<std::unique_ptr<CopyOutBatch>> MemorySource::BeginCopyOut() {
   return std::make_unique<SynchronousCopyOut>(this);
 }

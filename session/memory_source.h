@@ -23,11 +23,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
+#include "io/staging_pool.h"
 
 namespace ckpt {
 
@@ -62,6 +64,12 @@ class CopyOutBatch {
   // be reused. An error means that could not be made sure: the caller must
   // never reuse the local memory.
   virtual absl::Status Drain() = 0;
+  // After a Drain that failed: `buffers`, the local memory the batch's
+  // copies may still write, go with the batch and back to their pool only
+  // once those copies ended, however long after the batch that is
+  // (session/abandoned_copies.h). By default they never go back
+  // (StagingLease::Withhold).
+  virtual void KeepUntilCopiesEnd(std::vector<StagingLease> buffers);
 };
 
 class MemorySource {

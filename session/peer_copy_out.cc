@@ -1,11 +1,16 @@
 #include "session/peer_copy_out.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "session/abandoned_copies.h"
+#include "session/peer_process.h"
 
 namespace ckpt {
 namespace {
@@ -31,7 +36,43 @@ PeerCopyOut::~PeerCopyOut() {
     absl::Status s = Drain();
     if (!s.ok()) LogError("GPU copies abandoned unfinished: ", s.ToString());
   }
-  if (!drained_) QuarantineRegions(std::move(held_));
+  if (!drained_) Abandon();
+}
+
+absl::Status PeerCopyOut::TrainerAlive() const {
+  return PidfdAlive(trainer_pidfd_, trainer_pid_);
+}
+
+void PeerCopyOut::KeepUntilCopiesEnd(std::vector<StagingLease> buffers) {
+  // After a Drain that succeeded nothing writes them any more.
+  if (drained_) return;
+  for (StagingLease& buffer : buffers) kept_buffers_.push_back(std::move(buffer));
+}
+
+void PeerCopyOut::Abandon() {
+  AbandonedCopies::Batch batch;
+  batch.what = absl::StrCat("a save of trainer pid ", trainer_pid_);
+  batch.trainer_pid = trainer_pid_;
+  // The session, and its pidfd, may end before the copies do.
+  batch.trainer_pidfd = UniqueFd(::fcntl(trainer_pidfd_, F_DUPFD_CLOEXEC, 0));
+  if (!batch.trainer_pidfd.valid()) {
+    LogError(batch.what, ": ", ErrnoToStatus(errno, "dup the trainer's pidfd").ToString(),
+             " (its exit will not be noticed)");
+  }
+  for (auto& [device, q] : devices_) {
+    batch.streams.push_back(std::move(q.stream));
+    batch.ready_events.insert(batch.ready_events.end(), q.waited.begin(), q.waited.end());
+  }
+  devices_.clear();
+  batch.regions = std::move(held_);
+  batch.buffers = std::move(kept_buffers_);
+  GpuBackend* backend = regions_->backend();
+  if (backend == nullptr) {  // no device, so no copy ran: cannot happen
+    for (StagingLease& buffer : batch.buffers) buffer.Withhold();
+    QuarantineRegions(std::move(batch.regions));
+    return;
+  }
+  backend->abandoned().Adopt(std::move(batch));
 }
 
 absl::StatusOr<PeerCopyOut::DeviceQueue*> PeerCopyOut::Queue(int device) {
@@ -170,7 +211,7 @@ absl::Status PeerCopyOut::AwaitFence(GpuFence& fence, absl::Duration timeout,
           " (the trainer's stream never reached the save's ready event?)"));
     }
     if (!ignore_peer) {
-      absl::Status alive = alive_();
+      absl::Status alive = TrainerAlive();
       if (!alive.ok()) {
         return absl::UnavailableError(absl::StrCat(
             "the trainer exited before its GPU copies completed: ", alive.message()));
@@ -241,7 +282,7 @@ absl::Status PeerCopyOut::Drain() {
     }
     return absl::OkStatus();
   };
-  bool trainer_gone = !alive_().ok();
+  bool trainer_gone = !TrainerAlive().ok();
   if (trainer_gone) RETURN_IF_ERROR(complete_ready_events());
   // Everything each stream was given, including work of an Enqueue that
   // failed half-way and left no fence.

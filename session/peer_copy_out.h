@@ -23,8 +23,12 @@
 // buffers not yet reused) and complete, and only then are the buffers and
 // regions let go. Waits check the trainer's
 // liveness, so its death fails the save at once rather than at the
-// timeout. Copies that still do not end are never reused: their buffers
-// stay out of the pool and their regions mapped (logged).
+// timeout. When Drain cannot make sure (the trainer lives on, its stream
+// short of the ready event), the caller hands the batch the buffers the
+// copies write (KeepUntilCopiesEnd), and the batch, when destroyed, hands
+// its streams, regions and those buffers to the daemon's AbandonedCopies
+// (session/abandoned_copies.h), which lets them go once the copies end:
+// when the trainer's stream gets there, or after the trainer exits.
 //
 // The regions read are held until the batch ends, so a region released
 // meanwhile is unmapped only after its copies.
@@ -32,8 +36,9 @@
 // Thread-safety: one thread at a time (CopyOutBatch).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -47,11 +52,14 @@ namespace ckpt {
 
 class PeerCopyOut final : public CopyOutBatch {
  public:
-  // Borrows `host` and `regions`; they outlive the batch. `alive` says
-  // whether the trainer still runs (an error once it exited).
-  PeerCopyOut(MemorySource* host, GpuRegions* regions,
-              std::function<absl::Status()> alive)
-      : host_(host), regions_(regions), alive_(std::move(alive)) {}
+  // Borrows `host`, `regions` and the trainer's pidfd `trainer_pidfd`
+  // (process `trainer_pid`); they outlive the batch.
+  PeerCopyOut(MemorySource* host, GpuRegions* regions, int trainer_pidfd,
+              pid_t trainer_pid)
+      : host_(host),
+        regions_(regions),
+        trainer_pidfd_(trainer_pidfd),
+        trainer_pid_(trainer_pid) {}
   ~PeerCopyOut() override;
 
   absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override;
@@ -59,6 +67,7 @@ class PeerCopyOut final : public CopyOutBatch {
   absl::Status Wait(uint64_t ticket) override;
   absl::Status AllEnqueued() override;
   absl::Status Drain() override;
+  void KeepUntilCopiesEnd(std::vector<StagingLease> buffers) override;
 
  private:
   struct DeviceQueue {
@@ -87,10 +96,15 @@ class PeerCopyOut final : public CopyOutBatch {
   // Waits for `fence` at most `timeout`, failing early once the trainer is
   // gone (unless `ignore_peer`).
   absl::Status AwaitFence(GpuFence& fence, absl::Duration timeout, bool ignore_peer);
+  // Unavailable once the trainer exited.
+  absl::Status TrainerAlive() const;
+  // Hands everything the copies may still touch to AbandonedCopies.
+  void Abandon();
 
   MemorySource* const host_;
   GpuRegions* const regions_;
-  const std::function<absl::Status()> alive_;
+  const int trainer_pidfd_;
+  const pid_t trainer_pid_;
   uint64_t tickets_ = 0;
   std::map<int, DeviceQueue> devices_;
   std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read
@@ -107,6 +121,7 @@ class PeerCopyOut final : public CopyOutBatch {
   bool failed_ = false;   // something went wrong: the end needs a Drain
   bool drained_ = false;  // Drain made sure nothing runs any more
   bool drain_failed_ = false;  // Drain could not: do not wait again
+  std::vector<StagingLease> kept_buffers_;  // KeepUntilCopiesEnd's
 };
 
 }  // namespace ckpt

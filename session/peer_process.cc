@@ -95,6 +95,8 @@ absl::StatusOr<UniqueFd> PeerPidfd(int socket, pid_t pid) {
   return pidfd;
 }
 
+}  // namespace
+
 absl::Status PidfdAlive(int pidfd, pid_t pid) {
   pollfd p{pidfd, POLLIN, 0};
   const int n = ::poll(&p, 1, 0);
@@ -106,8 +108,6 @@ absl::Status PidfdAlive(int pidfd, pid_t pid) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 std::string ProcessCredentials::ToString() const {
   return absl::StrCat("uid ", Ids(uids), " gid ", Ids(gids));

@@ -107,6 +107,10 @@ struct PeerCredentials {
   gid_t gid = 0;  // effective, at connect()
 };
 
+// Unavailable once the process `pidfd` names exited (the pidfd is
+// readable); `pid` names it in the message.
+absl::Status PidfdAlive(int pidfd, pid_t pid);
+
 // The admission rules of step 4: `now` are the peer's credentials after its
 // memory was opened, `status_owner` the owner of its /proc/<pid>/status
 // then. OK, or PermissionDenied naming the pid and the rule it broke.

@@ -54,8 +54,8 @@ absl::StatusOr<std::unique_ptr<CopyOutBatch>> SessionMemory::BeginCopyOut() {
   // A save's GPU copies are checked here, once; its host reads at each
   // Enqueue (CheckedHost).
   RETURN_IF_ERROR(peer_->CheckAccess());
-  return std::make_unique<PeerCopyOut>(&checked_host_, gpu_,
-                                       [this] { return peer_->CheckAlive(); });
+  return std::make_unique<PeerCopyOut>(&checked_host_, gpu_, peer_->pidfd(),
+                                       peer_->pid());
 }
 
 }  // namespace ckpt

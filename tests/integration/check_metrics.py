@@ -46,6 +46,8 @@ EXPECTED = {
     "ckptd_load_seconds": "histogram",
     "ckptd_staging_pool_used_bytes": "gauge",
     "ckptd_staging_pool_size_bytes": "gauge",
+    "ckptd_staging_pool_withheld_bytes": "gauge",
+    "ckptd_gpu_saves_held": "gauge",
     "ckptd_memory_tier_used_bytes": "gauge",
     "ckptd_memory_tier_budget_bytes": "gauge",
     "ckptd_sessions": "gauge",
@@ -175,6 +177,8 @@ def main():
     used = value(families, "ckptd_staging_pool_used_bytes")
     check(size > 0, f"staging pool size {size}")
     check(0 <= used <= size, f"staging pool used {used} of {size}")
+    check(value(families, "ckptd_staging_pool_withheld_bytes") == 0, "buffers withheld")
+    check(value(families, "ckptd_gpu_saves_held") == 0, "GPU saves held")
     check(value(families, "ckptd_memory_tier_budget_bytes") == 0, "tier budget != 0")
     check(value(families, "ckptd_memory_tier_used_bytes") == 0, "tier used != 0")
     check(value(families, "ckptd_saves_in_flight") == 0, "saves still in flight")

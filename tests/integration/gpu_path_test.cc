@@ -233,6 +233,59 @@ TEST_CASE("a trainer killed mid-copy fails its save, and the daemon releases "
   CHECK((*save)->WaitCommitted().ok());
 }
 
+TEST_CASE("a save that gave up on copies stuck behind the trainer's stream "
+          "holds their buffers and mappings until the trainer exits, then the "
+          "pool and the device get them back",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> probe = GpuOrSkip(kind);
+  if (probe == nullptr) return;
+  probe.reset();
+  DaemonProcess daemon(GpuFlags(kind, {"--gpu_copy_timeout_ms=500"}));
+  const uint64_t pool_bytes = Status(daemon.socket()).staging_pool_bytes();
+  // The trainer's stream is busy for a minute (a step hung in a
+  // collective) and the trainer lives on: the save fails at the copy
+  // timeout, and so does the wait for its copies after it.
+  BackgroundProcess trainer({GPU_TRAINER_BINARY, daemon.socket(), kind, "stuck",
+                             "step-1", std::to_string(8 * kTensorBytes), "60000"});
+  v1::DaemonStatusResponse held;
+  for (int i = 0; i < 750; ++i) {
+    held = Status(daemon.socket());
+    if (held.gpu_saves_held() > 0 && held.saves_size() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(held.saves_size() == 0);
+  CHECK(held.gpu_saves_held() == 1);
+  CHECK(held.staging_pool_free_bytes() < pool_bytes);
+  CHECK(held.staging_buffers_withheld() == 0);
+  CHECK_FALSE(std::filesystem::exists(daemon.root() + "/stuck/step-1/COMMIT"));
+
+  // The job kills its hung ranks.
+  ::kill(trainer.pid(), SIGKILL);
+  const ProcessResult ended = trainer.Wait();
+  INFO(ended.out);
+  v1::DaemonStatusResponse after;
+  for (int i = 0; i < 500; ++i) {
+    after = Status(daemon.socket());
+    if (after.gpu_saves_held() == 0 && after.staging_pool_free_bytes() == pool_bytes) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(after.gpu_saves_held() == 0);
+  CHECK(after.staging_pool_free_bytes() == pool_bytes);
+  CHECK(after.staging_buffers_withheld() == 0);
+  CHECK(AwaitGpuRegions(daemon.socket(), 0) == 0);
+  if (kind == "simulated") CHECK(SimulatedMappings(daemon.pid()) == 0);
+
+  // The restarted job saves as before.
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  REQUIRE(gpu != nullptr);
+  GpuTestRank rank(gpu.get(), daemon.socket(), "stuck", 1, 4, kTensorBytes);
+  rank.Upload(2);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+  REQUIRE(save.ok());
+  CHECK((*save)->WaitCommitted().ok());
+}
+
 TEST_CASE("a daemon killed mid-copy loses no committed checkpoint and leaves "
           "the trainer's stream free",
           "[integration][gpu][cuda]") {

@@ -5,6 +5,9 @@
 // trainer freed or replaced).
 #include "session/peer_copy_out.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -23,10 +26,13 @@ using ::ckpt::testing::GpuRegionsFixture;
 using ::ckpt::testing::kRegionBytes;
 using ::ckpt::testing::kSpan;
 
+// This process stands for the trainer.
 struct Fixture : GpuRegionsFixture {
+  UniqueFd self{static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0))};
   std::unique_ptr<PeerCopyOut> Batch() {
-    return std::make_unique<PeerCopyOut>(/*host=*/nullptr, regions.get(),
-                                         [] { return absl::OkStatus(); });
+    REQUIRE(self.valid());
+    return std::make_unique<PeerCopyOut>(/*host=*/nullptr, regions.get(), self.get(),
+                                         ::getpid());
   }
 };
 

@@ -1,0 +1,150 @@
+#include "session/abandoned_copies.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "session/peer_process.h"
+
+namespace ckpt {
+
+AbandonedCopies::~AbandonedCopies() {
+  std::thread thread;
+  std::vector<Watched> left;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
+  if (thread.joinable()) thread.join();
+  {
+    absl::MutexLock lock(&mu_);
+    left = std::move(watched_);
+  }
+  for (Watched& w : left) {
+    LogError(w.batch.what, ": the daemon stops before these copies ended");
+    KeepForGood(std::move(w));
+  }
+}
+
+void AbandonedCopies::Adopt(Batch batch) {
+  Watched w{.batch = std::move(batch),
+            .fences = {},
+            .adopted = absl::Now(),
+            .trainer_exited = absl::InfiniteFuture()};
+  // Everything the batch enqueued is before these fences.
+  for (auto& stream : w.batch.streams) {
+    absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
+    if (!fence.ok()) {
+      LogError(w.batch.what, ": cannot tell when its GPU copies end (",
+               fence.status().ToString(), ")");
+      KeepForGood(std::move(w));
+      absl::MutexLock lock(&mu_);
+      ++kept_for_good_;
+      return;
+    }
+    w.fences.push_back(*std::move(fence));
+  }
+  LogWarning(w.batch.what, ": its GPU copies have not ended; keeping ",
+             w.batch.buffers.size(), " staging buffers and ", w.batch.regions.size(),
+             " GPU regions until they do (the trainer's stream reaches the "
+             "save's ready event, or the trainer exits)");
+  absl::MutexLock lock(&mu_);
+  watched_.push_back(std::move(w));
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Run(); });
+}
+
+size_t AbandonedCopies::pending() const {
+  absl::MutexLock lock(&mu_);
+  return watched_.size();
+}
+
+size_t AbandonedCopies::kept_for_good() const {
+  absl::MutexLock lock(&mu_);
+  return kept_for_good_;
+}
+
+void AbandonedCopies::Run() {
+  for (;;) {
+    std::vector<Watched> ended;
+    std::vector<Watched> kept;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), poll_);
+      if (stopping_) return;
+      for (size_t i = 0; i < watched_.size();) {
+        const Outcome outcome = Look(watched_[i]);
+        if (outcome == Outcome::kRunning) {
+          ++i;
+          continue;
+        }
+        (outcome == Outcome::kEnded ? ended : kept).push_back(std::move(watched_[i]));
+        watched_.erase(watched_.begin() + static_cast<ptrdiff_t>(i));
+      }
+      kept_for_good_ += kept.size();
+    }
+    // Outside the lock: releasing mappings and destroying streams are
+    // driver calls. `ended` lets everything go as it is destroyed.
+    for (Watched& w : kept) KeepForGood(std::move(w));
+  }
+}
+
+AbandonedCopies::Outcome AbandonedCopies::Look(Watched& w) {
+  bool all_reached = true;
+  for (auto& fence : w.fences) {
+    absl::StatusOr<bool> reached = fence->Ready();
+    if (!reached.ok()) {
+      LogError(w.batch.what, ": its GPU copies failed (", reached.status().ToString(),
+               "): whether they can still run is not known");
+      return Outcome::kKeepForGood;
+    }
+    all_reached = all_reached && *reached;
+  }
+  const absl::Time now = absl::Now();
+  if (all_reached) {
+    LogInfo(w.batch.what, ": its GPU copies ended ",
+            absl::FormatDuration(absl::Trunc(now - w.adopted, absl::Milliseconds(1))),
+            " after the save gave up on them; ", w.batch.buffers.size(),
+            " staging buffers go back to the pool and ", w.batch.regions.size(),
+            " GPU regions are let go");
+    return Outcome::kEnded;
+  }
+  if (w.trainer_exited == absl::InfiniteFuture()) {
+    if (!w.batch.trainer_pidfd.valid()) return Outcome::kRunning;
+    const absl::Status alive = PidfdAlive(w.batch.trainer_pidfd.get(), w.batch.trainer_pid);
+    if (!absl::IsUnavailable(alive)) {
+      if (!alive.ok()) LogWarning(w.batch.what, ": ", alive.ToString());
+      return Outcome::kRunning;
+    }
+    // Nothing will ever reach the dead trainer's records: reach them here.
+    w.trainer_exited = now;
+    for (GpuEvent* ready : w.batch.ready_events) {
+      const absl::Status completed = ready->CompleteRecorded();
+      if (!completed.ok()) {
+        LogError(w.batch.what, ": the trainer exited, and its ready event could not be "
+                 "completed (", completed.ToString(), ")");
+        return Outcome::kKeepForGood;
+      }
+    }
+    LogInfo(w.batch.what, ": the trainer exited; its ready events are completed, "
+            "so the copies queued behind them run now");
+    return Outcome::kRunning;
+  }
+  if (now - w.trainer_exited > grace_) {
+    LogError(w.batch.what, ": its GPU copies did not end within ",
+             absl::FormatDuration(grace_), " of the trainer's exit");
+    return Outcome::kKeepForGood;
+  }
+  return Outcome::kRunning;
+}
+
+void AbandonedCopies::KeepForGood(Watched w) {
+  for (StagingLease& buffer : w.batch.buffers) buffer.Withhold();
+  QuarantineRegions(std::move(w.batch.regions));
+  // The streams may go: destroying one leaves its work to run (CUDA) or
+  // drops it (the simulated device), and the regions and buffers that work
+  // may touch stay out of use either way.
+}
+
+}  // namespace ckpt

@@ -1,0 +1,167 @@
+// AbandonedCopies on the simulated device, in this process: a save whose
+// copies wait for a trainer stream stuck short of the ready event fails,
+// and its buffers and mapping stay out of use only until the copies end:
+// when the trainer's stream gets there after all, or once the trainer
+// exits (a child process stands for it). Copies that still do not end are
+// kept for good.
+#include "session/abandoned_copies.h"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gpu/simulated_device.h"
+#include "gpu/simulated_test_support.h"
+#include "session/gpu_regions_fixture.h"
+#include "session/peer_copy_out.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::GpuRegionsFixture;
+using ::ckpt::testing::kRegionBytes;
+using ::ckpt::testing::kSpan;
+using ::ckpt::testing::Mismatch;
+using ::ckpt::testing::Pattern;
+
+// A process that stands for the trainer: it runs until killed.
+class ChildTrainer {
+ public:
+  ChildTrainer() {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      for (;;) ::pause();
+    }
+    REQUIRE(pid_ > 0);
+    pidfd_ = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+    REQUIRE(pidfd_.valid());
+  }
+  ~ChildTrainer() { Kill(); }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  pid_t pid() const { return pid_; }
+  int pidfd() const { return pidfd_.get(); }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+};
+
+// Waits up to 10 s for `done`.
+template <typename Done>
+bool Eventually(Done done) {
+  for (const absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
+          "until the trainer's stream gets to the ready event, or the trainer exits",
+          "[gpu][session]") {
+  GpuRegionsFixture f(/*copy_timeout=*/absl::Milliseconds(200));
+  ChildTrainer trainer;
+  const std::string bytes = Pattern(kRegionBytes, 1);
+  const uint64_t a = f.Allocate(bytes);
+  f.Register(1, a);
+  // The trainer's stream is stuck before its ready event (a step hung in a
+  // collective).
+  absl::Notification stuck_step_ends;
+  f.trainer_stream.Enqueue([&] { stuck_step_ends.WaitForNotification(); });
+  f.RecordReady();
+
+  std::weak_ptr<GpuMapping> mapping;
+  {
+    absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
+    REQUIRE(region.ok());
+    mapping = (*region)->mapping;
+  }
+  StagingLease lease = f.Buffer();
+  char* out = lease.data();
+  auto batch = std::make_unique<PeerCopyOut>(/*host=*/nullptr, f.regions.get(),
+                                             trainer.pidfd(), trainer.pid());
+  absl::StatusOr<uint64_t> ticket = batch->Enqueue(std::vector<CopySpan>{{a, out, kSpan}});
+  REQUIRE(ticket.ok());
+  REQUIRE(batch->AllEnqueued().ok());
+  CHECK(absl::IsDeadlineExceeded(batch->Wait(*ticket)));
+  // The trainer lives on: Drain cannot make sure the copy will not run.
+  CHECK_FALSE(batch->Drain().ok());
+  std::vector<StagingLease> buffers;
+  buffers.push_back(std::move(lease));
+  batch->KeepUntilCopiesEnd(std::move(buffers));
+  // The session ends; the batch keeps the region's mapping for its copy.
+  f.regions->Release(1);
+  batch.reset();
+
+  AbandonedCopies& abandoned = f.backend->abandoned();
+  CHECK(abandoned.pending() == 1);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes() - f.pool->buffer_bytes());
+  CHECK_FALSE(mapping.expired());
+
+  SECTION("the trainer's stream gets there after all") {
+    stuck_step_ends.Notify();
+  }
+  SECTION("the trainer exits") {
+    trainer.Kill();
+  }
+  CHECK(Eventually([&] { return abandoned.pending() == 0; }));
+  CHECK(abandoned.kept_for_good() == 0);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes());
+  CHECK(f.pool->withheld_buffers() == 0);
+  CHECK(mapping.expired());
+  // The copy ran before its buffer went back, from the allocation the
+  // mapping kept alive.
+  CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
+  if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
+}
+
+TEST_CASE("copies that do not end within the grace after the trainer exits "
+          "keep their buffers out of the pool for good",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;
+  const uint64_t a = f.Allocate(Pattern(kRegionBytes, 1));
+  f.Register(1, a);
+  absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
+  REQUIRE(region.ok());
+  absl::StatusOr<std::unique_ptr<GpuStream>> stream =
+      f.backend->device()->CreateStream(0);
+  REQUIRE(stream.ok());
+  StagingLease lease = f.Buffer();
+  // A copy engine that hangs well past the grace.
+  static_cast<SimulatedDevice*>(f.backend->device())->StallNextCopy(absl::Seconds(2));
+  const GpuCopy copy{(*region)->Translate(a), lease.data(), kSpan};
+  REQUIRE((*stream)->CopyToHost({&copy, 1}).ok());
+
+  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10),
+                            /*grace=*/absl::Milliseconds(100));
+  AbandonedCopies::Batch batch;
+  batch.what = "the test's save";
+  batch.trainer_pid = trainer.pid();
+  batch.trainer_pidfd = UniqueFd(::dup(trainer.pidfd()));
+  batch.streams.push_back(*std::move(stream));
+  batch.regions.push_back(*std::move(region));
+  batch.buffers.push_back(std::move(lease));
+  abandoned.Adopt(std::move(batch));
+  trainer.Kill();
+  CHECK(Eventually([&] { return abandoned.kept_for_good() == 1; }));
+  CHECK(abandoned.pending() == 0);
+  CHECK(f.pool->withheld_buffers() == 1);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes() - f.pool->buffer_bytes());
+}
+
+}  // namespace
+}  // namespace ckpt
