@@ -24,6 +24,13 @@ constexpr absl::Duration kLivenessInterval = absl::Milliseconds(50);
 constexpr uint64_t kSubmitBytes = 64ull << 20;
 // How long Drain waits for copies it released to finish.
 constexpr absl::Duration kDrainGrace = absl::Seconds(30);
+// How long Drain waits for the copies of a trainer that lives (at most the
+// copy timeout): long enough for copies already running, or queued behind
+// a stream about to get to the ready event; copies that take longer are
+// handed to AbandonedCopies, which keeps their memory until they end, so
+// that the I/O worker running Drain is not held as long as the trainer's
+// stream is (a hung step: the copy timeout, minutes, once more).
+constexpr absl::Duration kLiveTrainerDrain = absl::Seconds(1);
 
 }  // namespace
 
@@ -290,7 +297,8 @@ absl::Status PeerCopyOut::Drain() {
     ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
     absl::Status s = absl::OkStatus();
     if (!trainer_gone) {
-      s = AwaitFence(*fence, regions_->copy_timeout(), /*ignore_peer=*/false);
+      s = AwaitFence(*fence, std::min(regions_->copy_timeout(), kLiveTrainerDrain),
+                     /*ignore_peer=*/false);
       if (absl::IsUnavailable(s)) {  // the trainer exited meanwhile
         trainer_gone = true;
         RETURN_IF_ERROR(complete_ready_events());

@@ -24,7 +24,7 @@
 // regions let go. Waits check the trainer's
 // liveness, so its death fails the save at once rather than at the
 // timeout. When Drain cannot make sure (the trainer lives on, its stream
-// short of the ready event), the caller hands the batch the buffers the
+// still short of the ready event a second later), the caller hands the batch the buffers the
 // copies write (KeepUntilCopiesEnd), and the batch, when destroyed, hands
 // its streams, regions and those buffers to the daemon's AbandonedCopies
 // (session/abandoned_copies.h), which lets them go once the copies end:
