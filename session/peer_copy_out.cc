@@ -22,15 +22,14 @@ constexpr absl::Duration kLivenessInterval = absl::Milliseconds(50);
 // instead of per staging window keeps the enqueue of a save, which the
 // trainer's CPU waits for, at about a millisecond.
 constexpr uint64_t kSubmitBytes = 64ull << 20;
-// How long Drain waits for copies it released to finish.
-constexpr absl::Duration kDrainGrace = absl::Seconds(30);
-// How long Drain waits for the copies of a trainer that lives (at most the
-// copy timeout): long enough for copies already running, or queued behind
-// a stream about to get to the ready event; copies that take longer are
-// handed to AbandonedCopies, which keeps their memory until they end, so
-// that the I/O worker running Drain is not held as long as the trainer's
-// stream is (a hung step: the copy timeout, minutes, once more).
-constexpr absl::Duration kLiveTrainerDrain = absl::Seconds(1);
+// How long Drain waits for the copies (at most the copy timeout): long
+// enough for copies already running, or queued behind a stream about to
+// get to the ready event, or released by completing a dead trainer's ready
+// events. Copies that take longer are handed to AbandonedCopies, which
+// keeps their memory until they end, so that the I/O worker running Drain
+// is not held as long as the trainer's stream is (a hung step: the copy
+// timeout, minutes, once more).
+constexpr absl::Duration kDrainWait = absl::Seconds(1);
 
 }  // namespace
 
@@ -297,14 +296,14 @@ absl::Status PeerCopyOut::Drain() {
     ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, q.stream->Fence());
     absl::Status s = absl::OkStatus();
     if (!trainer_gone) {
-      s = AwaitFence(*fence, std::min(regions_->copy_timeout(), kLiveTrainerDrain),
+      s = AwaitFence(*fence, std::min(regions_->copy_timeout(), kDrainWait),
                      /*ignore_peer=*/false);
       if (absl::IsUnavailable(s)) {  // the trainer exited meanwhile
         trainer_gone = true;
         RETURN_IF_ERROR(complete_ready_events());
       }
     }
-    if (trainer_gone) s = AwaitFence(*fence, kDrainGrace, /*ignore_peer=*/true);
+    if (trainer_gone) s = AwaitFence(*fence, kDrainWait, /*ignore_peer=*/true);
     if (!s.ok()) {
       drain_failed_ = true;
       return Annotate(s, absl::StrCat("draining the copies of device ", device));
