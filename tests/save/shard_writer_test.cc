@@ -21,6 +21,7 @@
 #include "io/io_queue.h"
 #include "io/rate_limiter.h"
 #include "io/staging_pool.h"
+#include "session/memory_source.h"
 #include "storage/durable_file.h"
 #include "support/fault_injecting_queue.h"
 #include "support/shard_fixture.h"
@@ -156,6 +157,55 @@ TEST_CASE("ShardWriter returns a failing source's error and leaves no file",
              Catch::Contains("injected source failure"));
   CHECK(source.reads == fail_on);  // nothing staged after the failure
   CheckLeftNoFile(f);
+}
+
+// Copies that never end while the test holds them (a GPU's D2H copies
+// behind a trainer stream that does not get to the save's ready event):
+// Wait and Drain fail, and the buffers handed to KeepUntilCopiesEnd stay
+// in `kept` until the test lets them go.
+class StuckCopyOut final : public CopyOutBatch {
+ public:
+  absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan>) override {
+    return ++enqueued_;
+  }
+  absl::StatusOr<bool> Ready(uint64_t) override { return false; }
+  absl::Status Wait(uint64_t) override {
+    return absl::DeadlineExceededError("injected: the copies did not end");
+  }
+  absl::Status AllEnqueued() override { return absl::OkStatus(); }
+  absl::Status Drain() override {
+    return absl::DeadlineExceededError("injected: the copies still run");
+  }
+  void KeepUntilCopiesEnd(std::vector<StagingLease> buffers) override {
+    for (StagingLease& b : buffers) kept.push_back(std::move(b));
+  }
+
+  std::vector<StagingLease> kept;
+
+ private:
+  uint64_t enqueued_ = 0;
+};
+
+TEST_CASE("ShardWriter whose copies do not end leaves their buffers with the "
+          "copy batch, out of the pool until the batch lets them go, and no file",
+          "[shard_io][shard_writer]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  StuckCopyOut batch;
+  ShardWriteRequest req = f.WriteRequest();
+  req.batch = &batch;
+
+  ShardWriter writer(pool.get(), queue.get());
+  const absl::Status status = writer.Write(req).status();
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CheckLeftNoFile(f);
+  // Every staged window's buffer, none of them lent again meanwhile.
+  REQUIRE_FALSE(batch.kept.empty());
+  CHECK(pool->free_bytes() == pool->pool_bytes() - batch.kept.size() * pool->buffer_bytes());
+  CHECK(pool->withheld_buffers() == 0);
+  batch.kept.clear();  // the copies ended
+  CHECK(pool->free_bytes() == pool->pool_bytes());
 }
 
 TEST_CASE("ShardWriter returns a failing write's error and leaves no file",
