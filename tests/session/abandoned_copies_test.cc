@@ -2,8 +2,8 @@
 // copies wait for a trainer stream stuck short of the ready event fails,
 // and its buffers and mapping stay out of use only until the copies end:
 // when the trainer's stream gets there after all, or once the trainer
-// exits (a child process stands for it). Copies that still do not end are
-// kept for good.
+// exits (a child process stands for it). Copies that still do not end,
+// or that failed, are kept for good.
 #include "session/abandoned_copies.h"
 
 #include <signal.h>
@@ -128,11 +128,10 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
 }
 
-TEST_CASE("copies that do not end within the grace after the trainer exits "
-          "keep their buffers out of the pool for good",
-          "[gpu][session]") {
-  GpuRegionsFixture f;
-  ChildTrainer trainer;
+// Enqueues one D2H copy of the trainer's region 1 into a pool buffer on a
+// stream of its own, and hands stream, region and buffer to `abandoned`.
+void AdoptOneCopy(GpuRegionsFixture& f, const ChildTrainer& trainer,
+                  AbandonedCopies& abandoned) {
   const uint64_t a = f.Allocate(Pattern(kRegionBytes, 1));
   f.Register(1, a);
   absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
@@ -141,13 +140,9 @@ TEST_CASE("copies that do not end within the grace after the trainer exits "
       f.backend->device()->CreateStream(0);
   REQUIRE(stream.ok());
   StagingLease lease = f.Buffer();
-  // A copy engine that hangs well past the grace.
-  static_cast<SimulatedDevice*>(f.backend->device())->StallNextCopy(absl::Seconds(2));
   const GpuCopy copy{(*region)->Translate(a), lease.data(), kSpan};
   REQUIRE((*stream)->CopyToHost({&copy, 1}).ok());
 
-  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10),
-                            /*grace=*/absl::Milliseconds(100));
   AbandonedCopies::Batch batch;
   batch.what = "the test's save";
   batch.trainer_pid = trainer.pid();
@@ -156,11 +151,39 @@ TEST_CASE("copies that do not end within the grace after the trainer exits "
   batch.regions.push_back(*std::move(region));
   batch.buffers.push_back(std::move(lease));
   abandoned.Adopt(std::move(batch));
+}
+
+TEST_CASE("copies that do not end within the grace after the trainer exits "
+          "keep their buffers out of the pool for good",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;
+  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10),
+                            /*grace=*/absl::Milliseconds(100));
+  // A copy engine that hangs well past the grace.
+  static_cast<SimulatedDevice*>(f.backend->device())->StallNextCopy(absl::Seconds(2));
+  AdoptOneCopy(f, trainer, abandoned);
   trainer.Kill();
   CHECK(Eventually([&] { return abandoned.kept_for_good() == 1; }));
   CHECK(abandoned.pending() == 0);
   CHECK(f.pool->withheld_buffers() == 1);
   CHECK(f.pool->free_bytes() == f.pool->pool_bytes() - f.pool->buffer_bytes());
+}
+
+TEST_CASE("copies that failed on the device keep their buffers out of the pool "
+          "for good, the trainer alive or not",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;
+  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10));
+  // Whether a failed copy wrote its buffer, or still can, is not known.
+  static_cast<SimulatedDevice*>(f.backend->device())
+      ->FailNextCopy(absl::InternalError("injected: the copy failed"),
+                     CopyFault::kOnCompletion);
+  AdoptOneCopy(f, trainer, abandoned);
+  CHECK(Eventually([&] { return abandoned.kept_for_good() == 1; }));
+  CHECK(abandoned.pending() == 0);
+  CHECK(f.pool->withheld_buffers() == 1);
 }
 
 }  // namespace
