@@ -1,5 +1,6 @@
 #include "session/gpu_regions.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -125,7 +126,7 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
     const GpuRegion& old = *it->second;
     if (old.address + old.length > a) {
       LogDebug("GPU region ", old.id, " replaced by region ", id);
-      released_.emplace_back(old.address, old.address + old.length);
+      released_.Add(old.address, old.address + old.length);
       replaced.push_back(std::move(it->second));
       it = live_.erase(it);
       releases_.fetch_add(1, std::memory_order_release);
@@ -142,7 +143,7 @@ void GpuRegions::Release(uint64_t id) {
   absl::MutexLock lock(&mu_);
   for (auto it = live_.begin(); it != live_.end(); ++it) {
     if (it->second->id != id) continue;
-    released_.emplace_back(it->first, it->first + it->second->length);
+    released_.Add(it->first, it->first + it->second->length);
     gone = std::move(it->second);
     live_.erase(it);
     releases_.fetch_add(1, std::memory_order_release);
@@ -156,7 +157,7 @@ void GpuRegions::ReleaseAll() {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [address, region] : live_) {
-      released_.emplace_back(address, address + region->length);
+      released_.Add(address, address + region->length);
     }
     live.swap(live_);
     events.swap(events_);
@@ -186,13 +187,14 @@ absl::StatusOr<std::shared_ptr<const GpuRegion>> GpuRegions::Find(
       return std::prev(it)->second;
     }
   }
-  for (const auto& [begin, end] : released_) {
-    if (address < end && address + length > begin) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "GPU memory [0x", absl::Hex(address), ", +", length,
-          ") belongs to a released region: register the new allocation and "
-          "define the layout again"));
-    }
+  // The end saturates: a span's length comes from the trainer.
+  const uint64_t end =
+      length > UINT64_MAX - address ? UINT64_MAX : address + length;
+  if (released_.Overlaps(address, end)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU memory [0x", absl::Hex(address), ", +", length,
+        ") belongs to a released region: register the new allocation and "
+        "define the layout again"));
   }
   return nullptr;
 }

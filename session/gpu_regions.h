@@ -32,6 +32,7 @@
 #include "absl/types/span.h"
 #include "ckpt/v1/control.pb.h"
 #include "gpu/gpu_device.h"
+#include "session/address_ranges.h"
 #include "session/gpu_backend.h"
 #include "session/gpu_region.h"
 #include "session/memory_source.h"
@@ -89,8 +90,8 @@ class GpuRegions {
   mutable absl::Mutex mu_;
   // Live regions by peer address; they never overlap.
   std::map<uint64_t, std::shared_ptr<const GpuRegion>> live_ ABSL_GUARDED_BY(mu_);
-  // [begin, end) of released regions, so later references fail clearly.
-  std::vector<std::pair<uint64_t, uint64_t>> released_ ABSL_GUARDED_BY(mu_);
+  // Where released regions were, so later references fail clearly.
+  AddressRanges released_ ABSL_GUARDED_BY(mu_);
   // Bumped (under mu_) whenever a region leaves live_; read without it.
   std::atomic<uint64_t> releases_{0};
   // The trainer's events, opened once per handle (a trainer uses one pair
