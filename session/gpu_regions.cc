@@ -40,6 +40,11 @@ absl::StatusOr<std::shared_ptr<GpuEvent>> GpuRegions::OpenEvent(
   const std::string key = EventKey(device, ref);
   auto it = events_.find(key);
   if (it != events_.end()) return it->second;
+  if (events_.size() >= kMaxGpuEventsPerSession) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a session may use at most ", kMaxGpuEventsPerSession,
+        " GPU events (a trainer needs its ready and staged events of each device)"));
+  }
   ASSIGN_OR_RETURN(GpuHandleRef handle, EventHandle(ref));
   ASSIGN_OR_RETURN(std::unique_ptr<GpuEvent> event,
                    device_->OpenEvent(device, handle, take_fd_));

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +39,11 @@
 #include "session/memory_source.h"
 
 namespace ckpt {
+
+// Events one session may open: each is a page the daemon maps (and pins,
+// on CUDA), and a trainer needs two per device (ready, staged), so this
+// only stops a client that sends a new event with every region.
+inline constexpr size_t kMaxGpuEventsPerSession = 64;
 
 class GpuRegions {
  public:

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -52,10 +53,22 @@ struct GpuRegionsFixture {
   // Registers [address, address + kRegionBytes) as region `id`, as
   // Client::RegisterGpu does.
   void Register(uint64_t id, uint64_t address) {
+    const absl::Status added = TryRegister(id, address);
+    INFO(added.ToString());
+    REQUIRE(added.ok());
+  }
+
+  // The same with the events `events` (the trainer's own by default);
+  // GpuRegions::Add's answer.
+  absl::Status TryRegister(uint64_t id, uint64_t address,
+                           std::optional<GpuEventHandles> events = std::nullopt) {
     absl::StatusOr<GpuRegionExport> exported = trainer.Export(address, kRegionBytes);
     REQUIRE(exported.ok());
-    absl::StatusOr<GpuEventHandles> events = trainer.Events(exported->device_uuid);
-    REQUIRE(events.ok());
+    if (!events.has_value()) {
+      absl::StatusOr<GpuEventHandles> own = trainer.Events(exported->device_uuid);
+      REQUIRE(own.ok());
+      events = *own;
+    }
     v1::CudaRegion cuda;
     cuda.set_address(address);
     cuda.set_length(kRegionBytes);
@@ -69,9 +82,7 @@ struct GpuRegionsFixture {
     }
     cuda.mutable_ready_event()->set_peer_fd(events->ready.peer_fd);
     cuda.mutable_staged_event()->set_peer_fd(events->staged.peer_fd);
-    const absl::Status added = regions->Add(id, cuda);
-    INFO(added.ToString());
-    REQUIRE(added.ok());
+    return regions->Add(id, cuda);
   }
 
   // The trainer's last write is done: its ready event, on its stream.
