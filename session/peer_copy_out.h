@@ -14,21 +14,21 @@
 // little however many windows it has.
 //
 // A trainer that dies before its stream reaches the ready event leaves this
-// batch's streams waiting for a record that will never complete, with
-// copies queued behind the wait into pool buffers and from mapped trainer
-// memory. Neither may be reused or unmapped while a copy could still run,
-// so Drain (after any error) completes the dead trainer's ready events
-// from the CPU (GpuEvent::CompleteRecorded): the waits end, the queued
-// copies run (from the allocation the daemon's mapping keeps alive, into
-// buffers not yet reused) and complete, and only then are the buffers and
-// regions let go. Waits check the trainer's
-// liveness, so its death fails the save at once rather than at the
-// timeout. When Drain cannot make sure (the trainer lives on, its stream
-// still short of the ready event a second later), the caller hands the batch the buffers the
-// copies write (KeepUntilCopiesEnd), and the batch, when destroyed, hands
-// its streams, regions and those buffers to the daemon's AbandonedCopies
-// (session/abandoned_copies.h), which lets them go once the copies end:
-// when the trainer's stream gets there, or after the trainer exits.
+// batch's streams waiting for a record that will never complete, with copies
+// queued behind the wait into pool buffers and from mapped trainer memory.
+// Neither may be reused or unmapped while a copy could still run, so Drain
+// (after any error) completes the dead trainer's ready events from the CPU
+// (GpuEvent::CompleteRecorded): the waits end, the queued copies run (from
+// the allocation the daemon's mapping keeps alive, into buffers not yet
+// reused) and complete, and only then are the buffers and regions let go.
+// Waits check the trainer's liveness, so its death fails the save at once
+// rather than at the timeout. When Drain cannot make sure (the trainer lives
+// on, its stream still short of the ready event a second later), the caller
+// hands the batch the buffers the copies write (KeepUntilCopiesEnd), and the
+// batch, when destroyed, hands its streams, regions and those buffers to the
+// daemon's AbandonedCopies (session/abandoned_copies.h), which lets them go
+// once the copies end: when the trainer's stream gets there, or after the
+// trainer exits.
 //
 // The regions read are held until the batch ends, so a region released
 // meanwhile is unmapped only after its copies.
