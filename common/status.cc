@@ -53,4 +53,10 @@ bool HostMemoryInUse(const absl::Status& status) {
   return status.GetPayload(kHostMemoryInUseUrl).has_value();
 }
 
+void UpdateKeepingHostMemoryInUse(absl::Status* status, const absl::Status& next) {
+  const bool in_use = HostMemoryInUse(*status) || HostMemoryInUse(next);
+  status->Update(next);
+  if (in_use) *status = MarkHostMemoryInUse(*status);
+}
+
 }  // namespace ckpt

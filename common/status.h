@@ -30,6 +30,10 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context);
 // Marked with a payload, which Annotate keeps.
 absl::Status MarkHostMemoryInUse(absl::Status status);
 bool HostMemoryInUse(const absl::Status& status);
+// `status->Update(next)` that keeps the mark: the result is marked when
+// either was (the first error's message, and its owner must keep the
+// memory whichever call it was that left copies running).
+void UpdateKeepingHostMemoryInUse(absl::Status* status, const absl::Status& next);
 
 }  // namespace ckpt
 

@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <deque>
 #include <map>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_metrics.h"
@@ -205,9 +207,16 @@ struct Transfer {
 // slice's deliveries (one batched write per destination; for destinations
 // that prefer large writes, GPU memory, one per window). A byte goes out
 // only once its whole block matched.
+//
+// A window's bytes must stay as they are until its writes end. A staging
+// buffer goes back to the pool once Consume returns, so its writes end
+// there. A memory image (`source_kept`) stays: a window's GPU copies run
+// while the next window is hashed, and end in the next Consume or in
+// EndAllWrites, which the caller runs on every path before the image goes.
 class WindowConsumer {
  public:
-  explicit WindowConsumer(const ReadPlan& plan) : plan_(plan), req_(*plan.req), walk_(plan) {
+  WindowConsumer(const ReadPlan& plan, bool source_kept)
+      : plan_(plan), req_(*plan.req), walk_(plan), source_kept_(source_kept) {
     for (const ItemRead& item : req_.items) {
       for (const Delivery& d : item.deliveries) {
         transfers_.push_back({item.item_file_offset + d.begin, item.item_file_offset + d.end,
@@ -239,10 +248,23 @@ class WindowConsumer {
     // Destinations that want few large writes get the whole window at once,
     // while its (verified) bytes are still here.
     for (auto& [destination, spans] : window_outbox_) {
-      if (!spans.empty()) RETURN_IF_ERROR(destination->Write(spans));
+      if (!spans.empty()) started_.push_back(destination->StartWrite(spans));
       spans.clear();
     }
-    return absl::OkStatus();
+    if (!source_kept_) return EndWrites(&started_);
+    // At most two windows' copies are outstanding: the window before ends.
+    absl::Status status = EndWrites(&previous_);
+    previous_ = std::move(started_);
+    started_.clear();
+    return status;
+  }
+
+  // Waits for every write still running (HostMemoryInUse: some did not
+  // end, and the window's memory must be kept).
+  absl::Status EndAllWrites() {
+    absl::Status status = EndWrites(&previous_);
+    UpdateKeepingHostMemoryInUse(&status, EndWrites(&started_));
+    return status;
   }
 
   // After the last window: the header and every block must have been seen.
@@ -258,6 +280,13 @@ class WindowConsumer {
   }
 
  private:
+  static absl::Status EndWrites(std::vector<std::unique_ptr<CopiesInFlight>>* writes) {
+    absl::Status status;
+    for (auto& write : *writes) UpdateKeepingHostMemoryInUse(&status, write->Wait());
+    writes->clear();
+    return status;
+  }
+
   // Compares file bytes [at, at + len) that fall in the expected header.
   absl::Status CompareHeader(const char* data, uint64_t at, uint64_t len) {
     const std::string& header = req_.expected_header;
@@ -335,6 +364,10 @@ class WindowConsumer {
   uint64_t header_compared_ = 0;            // expected header bytes matched
   Outbox outbox_;         // this slice's writes
   Outbox window_outbox_;  // this window's, for PrefersLargeWrites()
+  const bool source_kept_;
+  // Window writes not yet ended: the last window's, and the current one's
+  // while Consume runs.
+  std::vector<std::unique_ptr<CopiesInFlight>> previous_, started_;
 };
 
 // The memory-tier path: the same windows and checks, served from RAM. A
@@ -343,9 +376,9 @@ class WindowConsumer {
 // it against the manifest on its way into RAM, and the daemon's memory can
 // be damaged too. So its bytes are verified here exactly like storage
 // bytes, each block before any of it is delivered.
-absl::Status ReadImage(const ReadPlan& plan, uint64_t window_bytes) {
+absl::Status ConsumeImage(const ReadPlan& plan, uint64_t window_bytes,
+                          WindowConsumer& consumer) {
   const ShardReadRequest& req = *plan.req;
-  WindowConsumer consumer(plan);
   WindowPlanner planner(plan, window_bytes);
   while (!planner.done()) {
     ASSIGN_OR_RETURN(const PlannedWindow w, planner.Next());
@@ -356,6 +389,14 @@ absl::Status ReadImage(const ReadPlan& plan, uint64_t window_bytes) {
     DaemonMetrics::Get().read_bytes_memory.Add(bytes);
   }
   return consumer.Finish();
+}
+
+absl::Status ReadImage(const ReadPlan& plan, uint64_t window_bytes) {
+  WindowConsumer consumer(plan, /*source_kept=*/true);
+  absl::Status status = ConsumeImage(plan, window_bytes, consumer);
+  // On every path: the caller may unpin the image once this returns.
+  UpdateKeepingHostMemoryInUse(&status, consumer.EndAllWrites());
+  return status;
 }
 
 // A window submitted for reading. Its buffer's lease is with the pipeline
@@ -412,7 +453,7 @@ absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {
   IoPipeline pipeline(queue_);
   std::deque<Window> windows;  // submitted, in file order
   WindowPlanner planner(plan, pool_->buffer_bytes());
-  WindowConsumer consumer(plan);
+  WindowConsumer consumer(plan, /*source_kept=*/false);
   uint64_t bytes_read = 0;
   std::vector<IoPipeline::Finished> finished;
   const uint64_t max_in_flight = std::max<uint64_t>(1, queue_->depth());

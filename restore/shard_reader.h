@@ -28,6 +28,12 @@
 // byte range; bytes of that block and of every later one were not
 // delivered (earlier, verified blocks may have been).
 //
+// GPU memory (MemorySource::PrefersLargeWrites) gets one write per window.
+// From a staging buffer it ends before the buffer goes back; from a memory
+// image, which stays as it is while the read runs, a window's copies run
+// on the copy engine while the next window is hashed (at most two
+// windows' copies outstanding), and every one has ended when Read returns.
+//
 // Staging buffers: every window borrows one; it stays with the IoPipeline
 // while its read is in flight, so when Read returns, on any path, every
 // buffer is back in the pool and none went back early (a queue that fails

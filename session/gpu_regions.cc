@@ -1,7 +1,10 @@
 #include "session/gpu_regions.h"
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -23,6 +26,62 @@ absl::StatusOr<GpuHandleRef> EventHandle(const v1::CudaEventRef& ref) {
   handle.peer_fd = ref.peer_fd();
   return handle;
 }
+
+// The copies of one StartCopy: their fences and the regions they use.
+class GpuCopiesInFlight final : public CopiesInFlight {
+ public:
+  GpuCopiesInFlight(absl::Duration timeout, bool to_host)
+      : timeout_(timeout), to_host_(to_host) {}
+  ~GpuCopiesInFlight() override {
+    if (waited_) return;
+    const absl::Status status = Wait();
+    if (!status.ok()) LogError("GPU copies not waited for: ", status.ToString());
+  }
+
+  void Hold(std::shared_ptr<const GpuRegion> region) { held_.push_back(std::move(region)); }
+  // The first error is the one reported.
+  void Failed(const absl::Status& error) { status_.Update(error); }
+  // The fence of a stream that was given copies.
+  void Fenced(absl::StatusOr<std::unique_ptr<GpuFence>> fence) {
+    if (fence.ok()) {
+      fences_.push_back(*std::move(fence));
+    } else {
+      // Copies of this stream may be queued that nothing tells the end of.
+      ended_ = false;
+      Failed(fence.status());
+    }
+  }
+
+  absl::Status Wait() override {
+    waited_ = true;
+    for (auto& fence : fences_) {
+      const absl::Status waited = fence->Wait(timeout_);
+      if (!waited.ok()) {
+        ended_ = ended_ && !absl::IsDeadlineExceeded(waited);
+        Failed(waited);
+      }
+    }
+    fences_.clear();
+    if (!ended_) {
+      // A copy that did not end must never run against unmapped memory, on
+      // either side: the regions stay mapped, and the caller keeps its host
+      // memory out of use (a staging buffer withheld, a tier image kept).
+      QuarantineRegions(std::move(held_));
+      status_ = MarkHostMemoryInUse(status_);
+    }
+    held_.clear();
+    return Annotate(status_, to_host_ ? "copy from GPU" : "copy to GPU");
+  }
+
+ private:
+  const absl::Duration timeout_;
+  const bool to_host_;
+  bool waited_ = false;
+  bool ended_ = true;  // false once a copy may run on past Wait
+  absl::Status status_;
+  std::vector<std::unique_ptr<GpuFence>> fences_;
+  std::vector<std::shared_ptr<const GpuRegion>> held_;
+};
 
 }  // namespace
 
@@ -204,68 +263,51 @@ absl::StatusOr<std::shared_ptr<const GpuRegion>> GpuRegions::Find(
   return nullptr;
 }
 
-absl::Status GpuRegions::Copy(absl::Span<const CopySpan> spans, bool to_host) {
+std::unique_ptr<CopiesInFlight> GpuRegions::StartCopy(absl::Span<const CopySpan> spans,
+                                                      bool to_host) {
+  auto copies = std::make_unique<GpuCopiesInFlight>(copy_timeout_, to_host);
   // Per device, in span order; the regions stay alive until the copies end.
   std::map<int, std::vector<GpuCopy>> by_device;
-  std::vector<std::shared_ptr<const GpuRegion>> held;
   for (const CopySpan& s : spans) {
-    ASSIGN_OR_RETURN(std::shared_ptr<const GpuRegion> region, Find(s.remote, s.length));
-    if (region == nullptr) {
-      return absl::InternalError("GPU copy of a span in no GPU region");
+    absl::StatusOr<std::shared_ptr<const GpuRegion>> region = Find(s.remote, s.length);
+    if (!region.ok() || *region == nullptr) {
+      copies->Failed(region.ok() ? absl::InternalError("GPU copy of a span in no GPU region")
+                                 : region.status());
+      return copies;
     }
-    by_device[region->device].push_back({region->Translate(s.remote), s.local, s.length});
-    held.push_back(std::move(region));
+    by_device[(*region)->device].push_back({(*region)->Translate(s.remote), s.local, s.length});
+    copies->Hold(*std::move(region));
   }
   // Every stream that was given copies gets a fence, and every fence is
   // waited for, error or not: the host memory is a staging buffer or a tier
-  // image that the caller reuses once this returns. The streams are held
+  // image that the caller reuses once the copies end. The streams are held
   // only to enqueue (a stream is used by one thread at a time); the fences
   // are waited for after, so that copies of threads restoring parts of a
   // file at once (restore/read_split.h) queue behind each other on the copy
   // engine instead of each waiting for the one before to end.
-  absl::Status status;
-  bool ended = true;  // false once a copy may run on past this call
-  std::vector<std::unique_ptr<GpuFence>> fences;
-  absl::ReleasableMutexLock lock(&copy_mu_);
-  for (auto& [device, copies] : by_device) {
+  absl::MutexLock lock(&copy_mu_);
+  for (auto& [device, device_copies] : by_device) {
     // A memory tier image is pinned in chunks; a copy must not span two.
-    backend_->SplitAtChunks(&copies);
+    backend_->SplitAtChunks(&device_copies);
     std::unique_ptr<GpuStream>& stream = copy_streams_[device];
     if (stream == nullptr) {
       absl::StatusOr<std::unique_ptr<GpuStream>> created = device_->CreateStream(device);
       if (!created.ok()) {
-        status = created.status();
+        copies->Failed(created.status());
         break;
       }
       stream = *std::move(created);
     }
-    status = to_host ? stream->CopyToHost(copies) : stream->CopyToDevice(copies);
-    absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
-    if (fence.ok()) {
-      fences.push_back(*std::move(fence));
-    } else {
-      // Copies of this stream may be queued that nothing tells the end of.
-      ended = false;
-      if (status.ok()) status = fence.status();
-    }
-    if (!status.ok()) break;
-  }
-  lock.Release();
-  for (auto& fence : fences) {
-    absl::Status waited = fence->Wait(copy_timeout_);
-    if (!waited.ok()) {
-      ended = ended && !absl::IsDeadlineExceeded(waited);
-      if (status.ok()) status = waited;
+    const absl::Status enqueued =
+        to_host ? stream->CopyToHost(device_copies) : stream->CopyToDevice(device_copies);
+    // Some of the copies may be queued even when enqueueing failed.
+    copies->Fenced(stream->Fence());
+    if (!enqueued.ok()) {
+      copies->Failed(enqueued);
+      break;
     }
   }
-  if (!ended) {
-    // A copy that did not end must never run against unmapped memory, on
-    // either side: the regions stay mapped, and the caller keeps its host
-    // memory out of use (a staging buffer withheld, a tier image kept).
-    QuarantineRegions(std::move(held));
-    status = MarkHostMemoryInUse(status);
-  }
-  return Annotate(status, to_host ? "copy from GPU" : "copy to GPU");
+  return copies;
 }
 
 }  // namespace ckpt

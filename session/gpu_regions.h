@@ -72,11 +72,17 @@ class GpuRegions {
   // enqueues thousands of spans, most of them in the region of the last).
   uint64_t releases() const { return releases_.load(std::memory_order_acquire); }
 
-  // Synchronous copies of spans that all lie in GPU regions (restore).
-  // Copies that do not end within copy_timeout() fail the call with an
-  // error HostMemoryInUse (common/status.h) says is one: the spans' host
-  // memory may still be read or written, so the caller must keep it.
-  absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host);
+  // Starts copies of spans that all lie in GPU regions (restore); Wait on
+  // the result ends them. Copies that do not end within copy_timeout() of
+  // that Wait fail it with an error HostMemoryInUse (common/status.h) says
+  // is one: the spans' host memory may still be read or written, so the
+  // caller must keep it. Errors before any copy ran are reported by Wait.
+  std::unique_ptr<CopiesInFlight> StartCopy(absl::Span<const CopySpan> spans,
+                                            bool to_host);
+  // StartCopy, waited for.
+  absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host) {
+    return StartCopy(spans, to_host)->Wait();
+  }
 
   GpuBackend* backend() const { return backend_; }
   GpuDevice* device() const { return device_; }

@@ -44,6 +44,11 @@ void CopyOutBatch::KeepUntilCopiesEnd(std::vector<StagingLease> buffers) {
   for (StagingLease& buffer : buffers) buffer.Withhold();
 }
 
+std::unique_ptr<CopiesInFlight> MemorySource::StartWrite(
+    absl::Span<const CopySpan> spans) {
+  return std::make_unique<EndedCopies>(Write(spans));
+}
+
 absl::StatusOr<std::unique_ptr<CopyOutBatch>> MemorySource::BeginCopyOut() {
   return std::make_unique<SynchronousCopyOut>(this);
 }

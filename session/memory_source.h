@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,6 +73,29 @@ class CopyOutBatch {
   virtual void KeepUntilCopiesEnd(std::vector<StagingLease> buffers);
 };
 
+// Copies started by MemorySource::StartWrite that may still be running.
+// Thread-safety: one thread at a time.
+class CopiesInFlight {
+ public:
+  // Destroying copies not waited for is a bug: the destructor waits for
+  // them (logging an error), as the local memory may be freed next.
+  virtual ~CopiesInFlight() = default;
+  // Waits until every copy ended, with the result Write would have given:
+  // an error HostMemoryInUse (common/status.h) says is one when copies did
+  // not end, so that the local memory must never be reused. Once only.
+  virtual absl::Status Wait() = 0;
+};
+
+// Copies that ended when they were started, with their result.
+class EndedCopies final : public CopiesInFlight {
+ public:
+  explicit EndedCopies(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  const absl::Status status_;
+};
+
 class MemorySource {
  public:
   virtual ~MemorySource() = default;
@@ -79,6 +103,11 @@ class MemorySource {
   virtual absl::Status Read(absl::Span<const CopySpan> spans) = 0;
   // Copies every span from local memory into the peer, all or error.
   virtual absl::Status Write(absl::Span<const CopySpan> spans) = 0;
+  // Write, except that copies a copy engine runs (GPU memory) may still run
+  // when it returns: the caller hashes its next bytes meanwhile, and must
+  // keep the local memory unchanged until Wait on the result returned. By
+  // default the write is done when this returns.
+  virtual std::unique_ptr<CopiesInFlight> StartWrite(absl::Span<const CopySpan> spans);
   // A batch for one save; by default each Enqueue is a synchronous Read.
   virtual absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut();
   // Whether Write is much cheaper in few large calls than in many small

@@ -30,6 +30,7 @@ class SessionMemory final : public MemorySource {
 
   absl::Status Read(absl::Span<const CopySpan> spans) override;
   absl::Status Write(absl::Span<const CopySpan> spans) override;
+  std::unique_ptr<CopiesInFlight> StartWrite(absl::Span<const CopySpan> spans) override;
   absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut() override;
   bool PrefersLargeWrites() const override { return gpu_->live_regions() > 0; }
 
@@ -45,7 +46,9 @@ class SessionMemory final : public MemorySource {
     const PeerProcess* const peer_;
   };
 
-  absl::Status Transfer(absl::Span<const CopySpan> spans, bool read);
+  // Checks the peer, starts the GPU spans' copies and copies the host
+  // spans; the GPU's may still run when this returns.
+  std::unique_ptr<CopiesInFlight> StartTransfer(absl::Span<const CopySpan> spans, bool read);
   // Host spans through the peer's bound /proc/<pid>/mem; call only after
   // its CheckAccess succeeded (the file exists from then on).
   static absl::Status HostTransfer(const PeerProcess& peer,

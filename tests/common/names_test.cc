@@ -152,5 +152,36 @@ TEST_CASE("an error marked as leaving host memory in use stays marked through "
   CHECK_FALSE(HostMemoryInUse(MarkHostMemoryInUse(absl::OkStatus())));
 }
 
+TEST_CASE("merging copy results keeps the first error and the host-memory mark "
+          "of either",
+          "[status]") {
+  const absl::Status in_use =
+      MarkHostMemoryInUse(absl::DeadlineExceededError("copies did not end"));
+  absl::Status status;
+  UpdateKeepingHostMemoryInUse(&status, absl::OkStatus());
+  CHECK(status.ok());
+  // A plain error first, then one that left copies running: the first
+  // message, marked.
+  status = absl::DataLossError("checksum mismatch");
+  UpdateKeepingHostMemoryInUse(&status, in_use);
+  CHECK(status.code() == absl::StatusCode::kDataLoss);
+  CHECK(status.message() == "checksum mismatch");
+  CHECK(HostMemoryInUse(status));
+  // The mark stays when a later error has none.
+  status = in_use;
+  UpdateKeepingHostMemoryInUse(&status, absl::InternalError("later"));
+  CHECK(absl::IsDeadlineExceeded(status));
+  CHECK(HostMemoryInUse(status));
+  // An OK status takes the marked error whole.
+  status = absl::OkStatus();
+  UpdateKeepingHostMemoryInUse(&status, in_use);
+  CHECK(status == in_use);
+  // Neither marked: a plain Update.
+  status = absl::DataLossError("first");
+  UpdateKeepingHostMemoryInUse(&status, absl::InternalError("second"));
+  CHECK(status.message() == "first");
+  CHECK_FALSE(HostMemoryInUse(status));
+}
+
 }  // namespace
 }  // namespace ckpt
