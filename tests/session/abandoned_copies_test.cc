@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gpu/simulated_device.h"
@@ -80,6 +81,11 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   // The trainer's stream is stuck before its ready event (a step hung in a
   // collective).
   absl::Notification stuck_step_ends;
+  // Ends the step on every path, a failed REQUIRE included: the fixture's
+  // stream must drain before the fixture goes.
+  const absl::Cleanup end_stuck_step = [&] {
+    if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
+  };
   f.trainer_stream.Enqueue([&] { stuck_step_ends.WaitForNotification(); });
   f.RecordReady();
 
@@ -125,7 +131,6 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   // The copy ran before its buffer went back, from the allocation the
   // mapping kept alive.
   CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
-  if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
 }
 
 // Enqueues one D2H copy of the trainer's region 1 into a pool buffer on a
