@@ -284,6 +284,30 @@ absl::StatusOr<uint64_t> Client::DefineLayout(
   return response.layout_id();
 }
 
+namespace {
+
+// The staged record to wait for on each of `devices` (the save's GPU
+// devices), when the stream wait alone orders the trainer's later writes
+// after the save's reads: every tensor is in GPU memory and the daemon
+// reserved exactly one record per device. Empty otherwise (the CPU waits).
+std::vector<uint64_t> StreamWaitRecords(const v1::SaveResponse& response,
+                                        const std::vector<std::string>& devices) {
+  if (!response.gpu_only() || devices.empty()) return {};
+  std::vector<uint64_t> records;
+  for (const std::string& uuid : devices) {
+    int found = 0;
+    for (const v1::StagedRecord& r : response.staged_records()) {
+      if (r.device_uuid() != uuid) continue;
+      ++found;
+      records.push_back(r.number());
+    }
+    if (found != 1) return {};
+  }
+  return records;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request,
                                                          GpuStreamHandle stream,
                                                          CallCanceller* canceller,
@@ -304,11 +328,14 @@ absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request
   RETURN_IF_ERROR(Unary(stub_.get(), canceller, "Save", &v1::Ckptd::StubInterface::Save,
                         &v1::Ckptd::StubInterface::async_interface::Save, request,
                         &response));
-  std::unique_ptr<SaveHandle> handle(new SaveHandle(
-      stub_.get(), token_, response.save_id(), gpu, std::move(devices)));
-  // A GPU save is followed at once: WaitStagedOnStream, which the trainer's
-  // CPU waits for, then finds the progress stream already open.
-  if (gpu != nullptr) handle->StartFollowing();
+  std::vector<uint64_t> stream_wait = StreamWaitRecords(response, devices);
+  const bool cpu_waits = gpu != nullptr && stream_wait.empty();
+  std::unique_ptr<SaveHandle> handle(new SaveHandle(stub_.get(), token_, response.save_id(),
+                                                    gpu, std::move(devices),
+                                                    std::move(stream_wait)));
+  // A GPU save whose staged wait needs the CPU is followed at once:
+  // WaitStagedOnStream then finds the progress stream already open.
+  if (cpu_waits) handle->StartFollowing();
   return handle;
 }
 
@@ -420,12 +447,14 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& 
 }
 
 SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
-                       TrainerGpu* gpu, std::vector<std::string> gpu_devices)
+                       TrainerGpu* gpu, std::vector<std::string> gpu_devices,
+                       std::vector<uint64_t> stream_wait_records)
     : stub_(stub),
       token_(std::move(token)),
       id_(id),
       gpu_(gpu),
-      gpu_devices_(std::move(gpu_devices)) {
+      gpu_devices_(std::move(gpu_devices)),
+      stream_wait_records_(std::move(stream_wait_records)) {
   progress_.set_save_id(id);
   progress_.set_phase(v1::PHASE_ACCEPTED);
 }
@@ -499,6 +528,13 @@ absl::Status SaveHandle::WaitCommitted(absl::Duration timeout) {
 }
 
 absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
+  if (!stream_wait_records_.empty()) {
+    // Reserved when the save was accepted: no CPU wait for the daemon.
+    for (size_t i = 0; i < gpu_devices_.size(); ++i) {
+      RETURN_IF_ERROR(gpu_->WaitStagedRecord(gpu_devices_[i], stream, stream_wait_records_[i]));
+    }
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(WaitFor(v1::PHASE_STAGED, /*enqueued=*/true));
   // Recorded after the last copy: the stream's later work waits for them.
   for (const std::string& uuid : gpu_devices_) {

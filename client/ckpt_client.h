@@ -147,11 +147,18 @@ class SaveHandle {
   // Ctrl-C between waits) waits in such slices.
   absl::Status WaitStaged(absl::Duration timeout);
   absl::Status WaitCommitted(absl::Duration timeout);
-  // The GPU-side STAGED: blocks the CPU only until the daemon has enqueued
-  // every copy of this rank's save (with a pool smaller than the state,
-  // until the part that does not fit went to storage), then makes `stream`
-  // wait on the daemon's staged event, so work queued on `stream` after
-  // this call (the optimizer step) runs after the copies.
+  // The GPU-side STAGED: makes `stream` wait for the save's copies, so
+  // work queued on `stream` after this call (the optimizer step) runs
+  // after them. When every tensor of the save is in GPU memory, the daemon
+  // reserved the save's staged records when it accepted the save
+  // (SaveResponse.staged_records) and this blocks the CPU not at all: the
+  // stream waits for those records, which the daemon makes once the copies
+  // are enqueued (and, if the save fails, once the save before it is
+  // staged; the failure shows in WaitCommitted). Otherwise (host tensors
+  // too, or a daemon that reserved none) it blocks the CPU until the daemon
+  // has enqueued every copy (with a pool smaller than the state, until the
+  // part that does not fit went to storage) and read the host tensors, and
+  // fails if the save failed by then.
   absl::Status WaitStagedOnStream(GpuStreamHandle stream);
   // Blocks until the checkpoint is committed, or fails.
   absl::Status WaitCommitted();
@@ -163,7 +170,8 @@ class SaveHandle {
  private:
   friend class Client;
   SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
-             TrainerGpu* gpu, std::vector<std::string> gpu_devices);
+             TrainerGpu* gpu, std::vector<std::string> gpu_devices,
+             std::vector<uint64_t> stream_wait_records);
   void Follow();
   void StartFollowing();
   // Waits for `phase`, or with `enqueued` for copies_enqueued (or STAGED),
@@ -180,6 +188,9 @@ class SaveHandle {
   const uint64_t id_;
   TrainerGpu* const gpu_;                       // null without GPU regions
   const std::vector<std::string> gpu_devices_;  // uuids the save reads
+  // The staged record to wait for on each of gpu_devices_, when waiting
+  // for them on the stream alone is enough; empty otherwise.
+  const std::vector<uint64_t> stream_wait_records_;
 
   // The progress stream's context: the follower reads through it, the
   // destructor cancels it (grpc::ClientContext::TryCancel is thread-safe).

@@ -166,15 +166,14 @@ absl::StatusOr<CUdeviceptr> EventPage::CompletedOnDevice(
   return base + kCompletedOffset;
 }
 
-absl::Status EventPage::Record(CUstream stream, int stream_device,
-                               const CuCheck& check, RecordOrder order) {
+absl::Status EventPage::EnqueueRecord(CUstream stream, int stream_device,
+                                      const CuCheck& check, uint32_t target,
+                                      RecordOrder order) {
   ASSIGN_OR_RETURN(CUdeviceptr completed, CompletedOnDevice(check));
   // Created first, so that an enqueued operation never lacks its event.
   CUevent after = nullptr;
   RETURN_IF_ERROR(check(api_->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING),
                         "cuEventCreate"));
-  std::atomic_ref<uint32_t> recorded(words_[kRecorded]);
-  const uint32_t target = recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
   const char* op = "cuStreamWriteValue32 (event record)";
   CUresult result = CUDA_SUCCESS;
   if (order == RecordOrder::kAfterPrevious) {
@@ -188,11 +187,6 @@ absl::Status EventPage::Record(CUstream stream, int stream_device,
                                         CU_STREAM_WRITE_VALUE_DEFAULT);
   }
   if (result != CUDA_SUCCESS) {
-    // Not enqueued, so no write will ever reach `target`: take the record
-    // back, unless another was made since (whose write covers it too).
-    uint32_t expected = target;
-    recorded.compare_exchange_strong(expected, target - 1,
-                                     std::memory_order_acq_rel);
     WarnUnless(api_->cuEventDestroy(after), "cuEventDestroy");
     // (A wait enqueued before a failed write only holds its stream.)
     return check(result, MemOp(op, result));
@@ -200,14 +194,56 @@ absl::Status EventPage::Record(CUstream stream, int stream_device,
   return Track(stream, stream_device, after, check);
 }
 
+absl::Status EventPage::Record(CUstream stream, int stream_device,
+                               const CuCheck& check, RecordOrder order) {
+  const uint32_t target = Reserve();
+  const absl::Status status = EnqueueRecord(stream, stream_device, check, target, order);
+  if (!status.ok()) {
+    // Not enqueued, so no write will ever reach `target`, and no wait was
+    // handed this number: take the record back, unless another was made
+    // since (whose write covers it too).
+    uint32_t expected = target;
+    std::atomic_ref<uint32_t>(words_[kRecorded])
+        .compare_exchange_strong(expected, target - 1, std::memory_order_acq_rel);
+  }
+  return status;
+}
+
+uint32_t EventPage::Reserve() {
+  return std::atomic_ref<uint32_t>(words_[kRecorded]).fetch_add(1, std::memory_order_acq_rel) +
+         1;
+}
+
+absl::Status EventPage::RecordReserved(CUstream stream, int stream_device,
+                                       const CuCheck& check, uint32_t target) {
+  return EnqueueRecord(stream, stream_device, check, target, RecordOrder::kAfterPrevious);
+}
+
+bool EventPage::CompleteReserved(uint32_t target) {
+  std::atomic_ref<uint32_t> completed(words_[kCompleted]);
+  uint32_t now = completed.load(std::memory_order_acquire);
+  for (;;) {
+    // Cyclic, as the GPU compares.
+    if (static_cast<int32_t>(now - target) >= 0) return true;
+    if (static_cast<int32_t>(now - (target - 1)) < 0) return false;
+    if (completed.compare_exchange_weak(now, target, std::memory_order_release,
+                                        std::memory_order_acquire)) {
+      return true;
+    }
+  }
+}
+
 absl::Status EventPage::Wait(CUstream stream, int stream_device,
                              const CuCheck& check) {
+  return WaitFor(stream, stream_device, check, recorded());
+}
+
+absl::Status EventPage::WaitFor(CUstream stream, int stream_device,
+                                const CuCheck& check, uint32_t target) {
   ASSIGN_OR_RETURN(CUdeviceptr completed, CompletedOnDevice(check));
   CUevent after = nullptr;
   RETURN_IF_ERROR(check(api_->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING),
                         "cuEventCreate"));
-  const uint32_t target = std::atomic_ref<uint32_t>(words_[kRecorded])
-                              .load(std::memory_order_acquire);
   const CUresult result = api_->cuStreamWaitValue32(stream, completed, target,
                                                     CU_STREAM_WAIT_VALUE_GEQ);
   if (result != CUDA_SUCCESS) {

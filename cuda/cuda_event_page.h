@@ -117,6 +117,21 @@ class EventPage {
   // Completes every record made so far, from the CPU (no CUDA call).
   void CompleteRecorded();
 
+  // Reserved records (GpuEvent::ReserveRecord): `recorded` is bumped now,
+  // and the record is made later, on a stream (RecordReserved, in order
+  // after the previous record) or from the CPU (CompleteReserved); a wait
+  // for it (WaitFor) may be enqueued in between, by either process. A
+  // reserved record is never taken back: a wait may already be on it.
+  uint32_t Reserve();
+  absl::Status RecordReserved(CUstream stream, int stream_device, const CuCheck& check,
+                              uint32_t target);
+  // Raises `completed` to `target` if it has reached target - 1 (no CUDA
+  // call); true once `completed` covers `target`, now or before.
+  bool CompleteReserved(uint32_t target);
+  // Wait for record `target` rather than the most recent one.
+  absl::Status WaitFor(CUstream stream, int stream_device, const CuCheck& check,
+                       uint32_t target);
+
   uint32_t recorded() const;
   uint32_t completed() const;
 
@@ -135,6 +150,10 @@ class EventPage {
   absl::Status Register(const CuCheck& check);
   // The device address of `completed` in the current context.
   absl::StatusOr<CUdeviceptr> CompletedOnDevice(const CuCheck& check) const;
+  // Enqueues the write of record `target` (with `order`). On failure nothing
+  // was enqueued that writes `completed`.
+  absl::Status EnqueueRecord(CUstream stream, int stream_device, const CuCheck& check,
+                             uint32_t target, RecordOrder order);
   // Records `after` (a new event) on `stream` behind an operation on the
   // page, and forgets the uses of `stream_device` that completed.
   absl::Status Track(CUstream stream, int stream_device, CUevent after,

@@ -101,7 +101,7 @@ absl::Status CudaStream::WaitEvent(GpuEvent& event) {
   return cuda_event->page().Wait(stream_, device_, Checker());
 }
 
-absl::Status CudaStream::RecordEvent(GpuEvent& event) {
+absl::StatusOr<CudaEvent*> CudaStream::EventToRecord(GpuEvent& event) {
   ASSIGN_OR_RETURN(CudaEvent * cuda_event, AsCudaEvent(event));
   if (cuda_event->device() != device_) {
     return absl::InvalidArgumentError(
@@ -109,10 +109,23 @@ absl::Status CudaStream::RecordEvent(GpuEvent& event) {
                      " on a stream of device ", device_));
   }
   RETURN_IF_ERROR(state_->CheckDevice(device_));
+  return cuda_event;
+}
+
+absl::Status CudaStream::RecordEvent(GpuEvent& event) {
+  ASSIGN_OR_RETURN(CudaEvent * cuda_event, EventToRecord(event));
   ScopedCudaDevice guard(device_);
   RETURN_IF_ERROR(state_->SetDevice(guard, device_));
   return cuda_event->page().Record(stream_, device_, Checker(),
                                    cuda_internal::EventPage::RecordOrder::kAfterPrevious);
+}
+
+absl::Status CudaStream::RecordReserved(GpuEvent& event, uint64_t record) {
+  ASSIGN_OR_RETURN(CudaEvent * cuda_event, EventToRecord(event));
+  ScopedCudaDevice guard(device_);
+  RETURN_IF_ERROR(state_->SetDevice(guard, device_));
+  return cuda_event->page().RecordReserved(stream_, device_, Checker(),
+                                           static_cast<uint32_t>(record));
 }
 
 absl::Status CudaStream::CopyToHost(absl::Span<const GpuCopy> copies) {

@@ -44,6 +44,11 @@ class CudaEvent final : public GpuEvent {
     page_->CompleteRecorded();
     return absl::OkStatus();
   }
+  // Record numbers are the page's 32-bit counters (compared cyclically).
+  uint64_t ReserveRecord() override { return page_->Reserve(); }
+  bool CompleteReserved(uint64_t record) override {
+    return page_->CompleteReserved(static_cast<uint32_t>(record));
+  }
 
   int device() const { return device_; }
   EventPage& page() const { return *page_; }
@@ -67,12 +72,16 @@ class CudaStream final : public GpuStream {
   // blocks the CPU.
   absl::Status WaitEvent(GpuEvent& event) override;
   absl::Status RecordEvent(GpuEvent& event) override;
+  absl::Status RecordReserved(GpuEvent& event, uint64_t record) override;
   absl::Status CopyToHost(absl::Span<const GpuCopy> copies) override;
   absl::Status CopyToDevice(absl::Span<const GpuCopy> copies) override;
   absl::StatusOr<std::unique_ptr<GpuFence>> Fence() override;
 
  private:
   absl::Status Copy(absl::Span<const GpuCopy> copies, bool to_host);
+  // `event` as one this stream may record: a CUDA event of its device, on
+  // a device not broken.
+  absl::StatusOr<CudaEvent*> EventToRecord(GpuEvent& event);
   // DeviceState::Check of driver results on this stream's device.
   CuCheck Checker() const;
 

@@ -299,6 +299,17 @@ absl::Status CudaTrainerGpu::WaitStaged(const std::string& device_uuid,
       absl::StrCat("waiting for staged on device ", events->device));
 }
 
+absl::Status CudaTrainerGpu::WaitStagedRecord(const std::string& device_uuid,
+                                              GpuStreamHandle stream, uint64_t record) {
+  ASSIGN_OR_RETURN(const DeviceEvents* events, EventsFor(device_uuid));
+  ScopedCudaDevice guard(events->device);
+  RETURN_IF_ERROR(Check(guard.error(), "cudaSetDevice"));
+  return Annotate(events->staged->WaitFor(static_cast<CUstream>(stream), events->device,
+                                          DriverCheck(), static_cast<uint32_t>(record)),
+                  absl::StrCat("waiting for staged record ", record, " on device ",
+                               events->device));
+}
+
 absl::Status CudaTrainerGpu::SignalStaged(const std::string& device_uuid) {
   ASSIGN_OR_RETURN(const DeviceEvents* events, EventsFor(device_uuid));
   events->staged->CompleteRecorded();

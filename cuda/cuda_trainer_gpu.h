@@ -66,6 +66,8 @@ class CudaTrainerGpu final : public TrainerGpu {
                            GpuStreamHandle stream) override;
   absl::Status WaitStaged(const std::string& device_uuid,
                           GpuStreamHandle stream) override;
+  absl::Status WaitStagedRecord(const std::string& device_uuid, GpuStreamHandle stream,
+                                uint64_t record) override;
   // Completes "staged" from the CPU (no stream, no CUDA call): every wait
   // on the records the daemon made so far ends.
   absl::Status SignalStaged(const std::string& device_uuid) override;

@@ -351,7 +351,7 @@ grpc::ServerUnaryReactor* CkptdService::Save(
                        auto submit = [&]() -> absl::StatusOr<uint64_t> {
                          RETURN_IF_ERROR(
                              MayUseJob(*c_.store, *session, request->job()));
-                         return c_.saves->Submit(session, *request);
+                         return c_.saves->Submit(session, *request, response);
                        };
                        const absl::StatusOr<uint64_t> id = submit();
                        if (id.ok()) {

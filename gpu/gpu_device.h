@@ -87,6 +87,21 @@ class GpuEvent {
   // on them ends. Only for an event whose recording process is gone (or
   // will never reach its records): otherwise the waits end early.
   virtual absl::Status CompleteRecorded() = 0;
+
+  // Reserves the event's next record and returns its number, enqueueing
+  // nothing: a wait for exactly that record may be enqueued at once, in
+  // either process (the trainer's stream waits for a save's "staged"
+  // record from the moment the save call returns). The reserver must then
+  // make the record reach its number: GpuStream::RecordReserved, or
+  // CompleteReserved. A reserved record that never does holds every wait
+  // on it, and every later record, for good.
+  virtual uint64_t ReserveRecord() = 0;
+  // Completes reserved record `record` from the CPU, if the record before
+  // it was reached: true once `record` is reached (now or before), false
+  // while the one before is not. For a record whose copies never ran or
+  // will not matter (a failed save): nothing is enqueued, so it works on a
+  // device that cannot run work any more too.
+  virtual bool CompleteReserved(uint64_t record) = 0;
 };
 
 // Completion of the work enqueued on a stream before it.
@@ -120,6 +135,9 @@ class GpuStream {
   // first, the earlier one's would take `completed` back, and a wait on
   // the later record would never end.
   virtual absl::Status RecordEvent(GpuEvent& event) = 0;
+  // RecordEvent of a record reserved before (GpuEvent::ReserveRecord). On
+  // failure the record is still reserved: the caller completes it.
+  virtual absl::Status RecordReserved(GpuEvent& event, uint64_t record) = 0;
   // Enqueues device-to-host copies; `host` must be registered memory.
   virtual absl::Status CopyToHost(absl::Span<const GpuCopy> copies) = 0;
   // Enqueues host-to-device copies; `host` must be registered memory.

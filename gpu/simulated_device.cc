@@ -108,6 +108,8 @@ class SimulatedGpuEvent final : public GpuEvent {
     event_->CompleteRecorded();
     return absl::OkStatus();
   }
+  uint64_t ReserveRecord() override { return event_->EnqueueRecord(); }
+  bool CompleteReserved(uint64_t record) override { return event_->CompleteReserved(record); }
 
  private:
   const std::shared_ptr<SimulatedEvent> event_;
@@ -235,6 +237,11 @@ class SimulatedCopyStream final : public GpuStream {
   absl::Status RecordEvent(GpuEvent& event) override {
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
     stream_.RecordEvent(std::move(e), /*after_previous=*/true);
+    return absl::OkStatus();
+  }
+  absl::Status RecordReserved(GpuEvent& event, uint64_t record) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
+    stream_.RecordReserved(std::move(e), record);
     return absl::OkStatus();
   }
   absl::Status CopyToHost(absl::Span<const GpuCopy> copies) override {

@@ -171,6 +171,19 @@ uint64_t SimulatedEvent::EnqueueRecord() {
 
 void SimulatedEvent::RecordCompleted() { Complete(EnqueueRecord()); }
 
+bool SimulatedEvent::CompleteReserved(uint64_t target) {
+  std::atomic_ref<uint64_t> completed(page_[1]);
+  uint64_t now = completed.load(std::memory_order_acquire);
+  for (;;) {
+    if (now >= target) return true;
+    if (now + 1 < target) return false;  // the record before is not reached
+    if (completed.compare_exchange_weak(now, target, std::memory_order_release,
+                                        std::memory_order_acquire)) {
+      return true;
+    }
+  }
+}
+
 void SimulatedEvent::Complete(uint64_t target) {
   // A maximum, not a plain store: records on two streams may be reached out
   // of order, and `completed` must never go back.
@@ -206,6 +219,16 @@ void SimulatedStream::Synchronize() {
 void SimulatedStream::RecordEvent(std::shared_ptr<SimulatedEvent> event,
                                   bool after_previous) {
   const uint64_t target = event->EnqueueRecord();
+  Record(std::move(event), target, after_previous);
+}
+
+void SimulatedStream::RecordReserved(std::shared_ptr<SimulatedEvent> event,
+                                     uint64_t target) {
+  Record(std::move(event), target, /*after_previous=*/true);
+}
+
+void SimulatedStream::Record(std::shared_ptr<SimulatedEvent> event, uint64_t target,
+                             bool after_previous) {
   Enqueue([this, event = std::move(event), target, after_previous] {
     while (after_previous && !event->Covers(target - 1)) {
       if (stopping_.load(std::memory_order_acquire)) {
@@ -220,6 +243,10 @@ void SimulatedStream::RecordEvent(std::shared_ptr<SimulatedEvent> event,
 
 void SimulatedStream::WaitEvent(std::shared_ptr<SimulatedEvent> event) {
   const uint64_t target = event->recorded();
+  WaitFor(std::move(event), target);
+}
+
+void SimulatedStream::WaitFor(std::shared_ptr<SimulatedEvent> event, uint64_t target) {
   Enqueue([this, event = std::move(event), target] {
     while (!event->Covers(target)) {
       if (stopping_.load(std::memory_order_acquire)) {

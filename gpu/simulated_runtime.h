@@ -126,13 +126,17 @@ class SimulatedEvent {
   void RecordCompleted();
   // Completes every record made so far (GpuEvent::CompleteRecorded).
   void CompleteRecorded() { Complete(recorded()); }
+  // The CPU side of a record: bumps `recorded` and returns the record's
+  // number (GpuEvent::ReserveRecord).
+  uint64_t EnqueueRecord();
+  // Completes record `target` if `completed` reached target - 1; true once
+  // it covers `target` (GpuEvent::CompleteReserved).
+  bool CompleteReserved(uint64_t target);
 
  private:
   friend class SimulatedStream;
 
   SimulatedEvent(UniqueFd fd, uint64_t* page);
-  // The CPU side of a record: the record's number.
-  uint64_t EnqueueRecord();
   void Complete(uint64_t target);
   bool Covers(uint64_t target) const { return completed() >= target; }
 
@@ -158,12 +162,18 @@ class SimulatedStream {
   // Records `event` at this point of the stream; with `after_previous`,
   // once the event's previous record was reached too (GpuStream::RecordEvent).
   void RecordEvent(std::shared_ptr<SimulatedEvent> event, bool after_previous = false);
+  // Records `event`'s reserved record `target` (EnqueueRecord made it) at
+  // this point of the stream, once record target - 1 was reached.
+  void RecordReserved(std::shared_ptr<SimulatedEvent> event, uint64_t target);
   // Makes later work wait for `event`'s most recent record as of now.
   void WaitEvent(std::shared_ptr<SimulatedEvent> event);
+  // Makes later work wait for `event`'s record `target`.
+  void WaitFor(std::shared_ptr<SimulatedEvent> event, uint64_t target);
 
  private:
   void Run();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Record(std::shared_ptr<SimulatedEvent> event, uint64_t target, bool after_previous);
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);

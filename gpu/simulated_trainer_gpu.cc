@@ -234,6 +234,18 @@ absl::Status SimulatedTrainerGpu::WaitStaged(const std::string& device_uuid,
   return absl::OkStatus();
 }
 
+absl::Status SimulatedTrainerGpu::WaitStagedRecord(const std::string& device_uuid,
+                                                   GpuStreamHandle stream, uint64_t record) {
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "WaitStagedRecord: the simulated GPU has no default stream; pass a "
+        "SimulatedStream*");
+  }
+  ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
+  StreamOf(stream)->WaitFor(events.staged, record);
+  return absl::OkStatus();
+}
+
 absl::Status SimulatedTrainerGpu::SignalStaged(const std::string& device_uuid) {
   ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
   events.staged->RecordCompleted();

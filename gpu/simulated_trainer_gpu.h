@@ -73,6 +73,8 @@ class SimulatedTrainerGpu final : public TrainerGpu {
                            GpuStreamHandle stream) override;
   absl::Status WaitStaged(const std::string& device_uuid,
                           GpuStreamHandle stream) override;
+  absl::Status WaitStagedRecord(const std::string& device_uuid, GpuStreamHandle stream,
+                                uint64_t record) override;
   absl::Status SignalStaged(const std::string& device_uuid) override;
 
  private:

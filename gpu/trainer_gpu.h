@@ -72,6 +72,11 @@ class TrainerGpu {
   // Makes `stream` wait for "staged" (no CPU wait).
   virtual absl::Status WaitStaged(const std::string& device_uuid,
                                   GpuStreamHandle stream) = 0;
+  // Makes `stream` wait for record `record` of "staged", which the daemon
+  // reserved for a save when it accepted it and records once that save's
+  // copies are enqueued (no CPU wait, and none for the daemon either).
+  virtual absl::Status WaitStagedRecord(const std::string& device_uuid,
+                                        GpuStreamHandle stream, uint64_t record) = 0;
   // Completes "staged" from this process's CPU (GpuEvent::CompleteRecorded
   // on the trainer's side): a daemon that died after the trainer's stream
   // began waiting on its staged event will never complete it, and this

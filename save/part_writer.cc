@@ -73,7 +73,7 @@ absl::Status PartWriter::Write(SavePart& part, IoQueue& queue) {
   // One batch of copies for the whole part, so the staged events are
   // recorded once, after its last copy.
   ASSIGN_OR_RETURN(std::unique_ptr<CopyOutBatch> batch,
-                   part.session->memory()->BeginCopyOut());
+                   part.session->memory()->BeginCopyOut(&part.staged));
   // A rank that owns nothing (its replicas write everything) is staged now.
   // Its node's manifest still goes into the checkpoint directory.
   if (files.empty()) {

@@ -88,7 +88,8 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       watcher_(kCommitPollInterval) {}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
-    const std::shared_ptr<Session>& session, const v1::SaveRequest& request) {
+    const std::shared_ptr<Session>& session, const v1::SaveRequest& request,
+    v1::SaveResponse* accepted) {
   if (!session->opened()) {
     return absl::FailedPreconditionError("call OpenSession before Save");
   }
@@ -148,6 +149,18 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
   if (attempt->local_ranks > 1 && !attempt->ranks_deadline_armed.exchange(true)) {
     watcher_.Watch([this, attempt] { return CheckLocalRanks(attempt); });
   }
+  // The last step before the worker may run it: nothing fails from here,
+  // so every reserved record goes with a part that will run.
+  Session::StagedReservation reserved = session->ReserveStaged(*(*part)->tensors);
+  if (accepted != nullptr) {
+    for (const StagedRecords::Record& r : reserved.records.records()) {
+      v1::StagedRecord* out = accepted->add_staged_records();
+      out->set_device_uuid(r.device_uuid);
+      out->set_number(r.number);
+    }
+    accepted->set_gpu_only(reserved.gpu_only);
+  }
+  (*part)->staged = std::move(reserved.records);
   workers_->Post(
       [this, part = *part](IoQueue& queue) { RunPart(part, queue); });
   return (*part)->id;
@@ -171,6 +184,9 @@ void SaveCoordinator::RunPart(const std::shared_ptr<SavePart>& part,
     if (written.ok()) LogPartWritten(*part, started);
     return written;
   }();
+  // Records the part's copies did not make (it failed first, or read
+  // nothing on a device) complete in order, from the CPU.
+  part->staged.CompleteRest();
   ListenerCalls calls;
   InFlightCheckpoints::PartFinished finished =
       checkpoints_.FinishPart(*part, status, &calls);

@@ -77,9 +77,12 @@ class SaveCoordinator {
                   CheckpointLeases* leases, MemoryTier* tier,
                   FileOps& file_ops = DefaultFileOps());
 
-  // Validates and queues this rank's part; returns its save id.
+  // Validates and queues this rank's part; returns its save id. With
+  // `accepted`, fills in what the trainer's stream may wait for
+  // (SaveResponse.staged_records, gpu_only).
   absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
-                                  const v1::SaveRequest& request);
+                                  const v1::SaveRequest& request,
+                                  v1::SaveResponse* accepted = nullptr);
 
   // Calls `listener` once, with the part's progress as soon as its version
   // is greater than `after` (at once if it already is). `session` must own

@@ -24,6 +24,7 @@
 #include "plan/tensor_layout.h"
 #include "save/shard_writer.h"
 #include "session/session.h"
+#include "session/staged_records.h"
 
 namespace ckpt {
 
@@ -71,6 +72,9 @@ struct SavePart {
   std::shared_ptr<CheckpointAttempt> checkpoint;
   std::shared_ptr<const TensorLayout> tensors;  // shared across saves
   std::vector<v1::ByteItem> byte_items;
+  // The staged records reserved when the part was accepted: written by
+  // Submit before the part is posted, then the worker's alone.
+  StagedRecords staged;
   // Set by whoever ends the checkpoint; the worker polls it.
   std::atomic<bool> cancelled{false};
   // Per plan file: written by the worker until it reports the part

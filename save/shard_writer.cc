@@ -220,7 +220,7 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
   std::unique_ptr<CopyOutBatch> own_batch;
   CopyOutBatch* batch = req.batch;
   if (batch == nullptr) {
-    ASSIGN_OR_RETURN(own_batch, req.source->BeginCopyOut());
+    ASSIGN_OR_RETURN(own_batch, req.source->BeginCopyOut(/*staged=*/nullptr));
     batch = own_batch.get();
   }
   const uint64_t window_bytes = pool->buffer_bytes();

@@ -31,6 +31,7 @@
 #include "gpu/gpu_device.h"
 #include "io/staging_pool.h"
 #include "session/abandoned_copies.h"
+#include "session/staged_completer.h"
 #include "storage/memory_tier.h"
 
 namespace ckpt {
@@ -64,6 +65,8 @@ class GpuBackend final : public ImagePinner {
 
   // Where saves leave copies whose end they could not make sure of.
   AbandonedCopies& abandoned() { return *abandoned_; }
+  // Where saves leave staged records they did not make on a stream.
+  StagedCompleter& staged_completer() { return staged_completer_; }
 
  private:
   GpuBackend(std::unique_ptr<GpuDevice> device, std::string reason,
@@ -78,6 +81,7 @@ class GpuBackend final : public ImagePinner {
   // Reset first at destruction: its leftovers are settled while the device
   // and the pool's registration still exist.
   std::unique_ptr<AbandonedCopies> abandoned_ = std::make_unique<AbandonedCopies>();
+  StagedCompleter staged_completer_;
 
   mutable absl::Mutex mu_;
   bool prepared_ ABSL_GUARDED_BY(mu_) = false;

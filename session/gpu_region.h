@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu/gpu_device.h"
@@ -16,6 +17,7 @@ struct GpuRegion {
   uint64_t address = 0;  // in the peer
   uint64_t length = 0;
   int device = 0;        // this process's ordinal
+  std::string device_uuid;  // the trainer's name of the device
   std::shared_ptr<GpuMapping> mapping;
   std::shared_ptr<GpuEvent> ready;   // recorded by the trainer before a save
   std::shared_ptr<GpuEvent> staged;  // recorded here after a save's copies

@@ -1,5 +1,6 @@
 #include "session/gpu_regions.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -170,6 +171,7 @@ absl::Status GpuRegions::Add(uint64_t id, const v1::CudaRegion& r) {
   region->address = a;
   region->length = n;
   region->device = device;
+  region->device_uuid = r.device_uuid();
   // Opening can take long (a first use creates the device's context); the
   // table is not locked meanwhile.
   ASSIGN_OR_RETURN(std::unique_ptr<GpuMapping> mapping,
@@ -261,6 +263,25 @@ absl::StatusOr<std::shared_ptr<const GpuRegion>> GpuRegions::Find(
         "define the layout again"));
   }
   return nullptr;
+}
+
+StagedRecords GpuRegions::ReserveStaged() {
+  std::vector<StagedRecords::Record> records;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& entry : live_) {
+      const GpuRegion& region = *entry.second;
+      const bool seen = std::any_of(records.begin(), records.end(), [&](const auto& r) {
+        return r.event == region.staged;
+      });
+      if (!seen) records.push_back({region.staged, region.device_uuid, 0, false});
+    }
+    // Under the lock, so that two saves of the session reserve each event
+    // in the order they reserve the first.
+    for (StagedRecords::Record& r : records) r.number = r.event->ReserveRecord();
+  }
+  if (records.empty()) return StagedRecords();
+  return StagedRecords(std::move(records), &backend_->staged_completer());
 }
 
 std::unique_ptr<CopiesInFlight> GpuRegions::StartCopy(absl::Span<const CopySpan> spans,

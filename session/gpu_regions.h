@@ -37,6 +37,7 @@
 #include "session/gpu_backend.h"
 #include "session/gpu_region.h"
 #include "session/memory_source.h"
+#include "session/staged_records.h"
 
 namespace ckpt {
 
@@ -83,6 +84,10 @@ class GpuRegions {
   absl::Status Copy(absl::Span<const CopySpan> spans, bool to_host) {
     return StartCopy(spans, to_host)->Wait();
   }
+
+  // Reserves the next record of each staged event of the live regions
+  // (session/staged_records.h): the records a save accepted now promises.
+  StagedRecords ReserveStaged();
 
   GpuBackend* backend() const { return backend_; }
   GpuDevice* device() const { return device_; }

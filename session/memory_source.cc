@@ -23,18 +23,24 @@ absl::StatusOr<UniqueFd> OpenProcessMemory(pid_t pid) {
 // Copies synchronously at Enqueue, so every ticket is ready at once.
 class SynchronousCopyOut final : public CopyOutBatch {
  public:
-  explicit SynchronousCopyOut(MemorySource* source) : source_(source) {}
+  SynchronousCopyOut(MemorySource* source, StagedRecords* staged)
+      : source_(source), staged_(staged) {}
   absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override {
     RETURN_IF_ERROR(source_->Read(spans));
     return ++tickets_;
   }
   absl::StatusOr<bool> Ready(uint64_t) override { return true; }
   absl::Status Wait(uint64_t) override { return absl::OkStatus(); }
-  absl::Status AllEnqueued() override { return absl::OkStatus(); }
+  // Nothing was copied on a stream: the records complete in order.
+  absl::Status AllEnqueued() override {
+    if (staged_ != nullptr) staged_->CompleteRest();
+    return absl::OkStatus();
+  }
   absl::Status Drain() override { return absl::OkStatus(); }
 
  private:
   MemorySource* const source_;
+  StagedRecords* const staged_;
   uint64_t tickets_ = 0;
 };
 
@@ -49,8 +55,9 @@ std::unique_ptr<CopiesInFlight> MemorySource::StartWrite(
   return std::make_unique<EndedCopies>(Write(spans));
 }
 
-absl::StatusOr<std::unique_ptr<CopyOutBatch>> MemorySource::BeginCopyOut() {
-  return std::make_unique<SynchronousCopyOut>(this);
+absl::StatusOr<std::unique_ptr<CopyOutBatch>> MemorySource::BeginCopyOut(
+    StagedRecords* staged) {
+  return std::make_unique<SynchronousCopyOut>(this, staged);
 }
 
 HostProcessMemory::HostProcessMemory(pid_t pid) : HostProcessMemory(-1, pid) {

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "io/staging_pool.h"
+#include "session/staged_records.h"
 
 namespace ckpt {
 
@@ -109,7 +110,10 @@ class MemorySource {
   // default the write is done when this returns.
   virtual std::unique_ptr<CopiesInFlight> StartWrite(absl::Span<const CopySpan> spans);
   // A batch for one save; by default each Enqueue is a synchronous Read.
-  virtual absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut();
+  // `staged`, if not null, holds the records the save reserved (and
+  // outlives the batch): AllEnqueued records those of the devices it
+  // copied from and hands the rest to the completer.
+  virtual absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut(StagedRecords* staged);
   // Whether Write is much cheaper in few large calls than in many small
   // ones (GPU memory: each call is a DMA with a fixed cost and a wait), so
   // that readers batch a whole staging window per call.

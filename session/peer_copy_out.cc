@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -137,7 +138,7 @@ absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> s
         RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
         q->waited.push_back(region->ready.get());
       }
-      q->staged.insert(region->staged.get());
+      q->staged.emplace(region->staged.get(), region->staged);
     }
     const GpuCopy copy{region->Translate(s.remote), s.local, s.length};
     GpuCopy* last = q->unsubmitted.empty() ? nullptr : &q->unsubmitted.back();
@@ -251,11 +252,35 @@ absl::Status PeerCopyOut::Wait(uint64_t ticket) {
 }
 
 absl::Status PeerCopyOut::AllEnqueued() {
+  absl::Status status = RecordStaged();
+  // The save's other records (devices it read nothing from, a record not
+  // enqueued) complete in order from the CPU.
+  if (staged_ != nullptr) staged_->CompleteRest();
+  return status;
+}
+
+absl::Status PeerCopyOut::RecordStaged() {
   RETURN_IF_ERROR(Submit());
   for (auto& [device, q] : devices_) {
-    for (GpuEvent* staged : q.staged) {
-      RETURN_IF_ERROR(Annotate(q.stream->RecordEvent(*staged),
-                               absl::StrCat("record staged event on device ", device)));
+    for (const auto& [event, staged] : q.staged) {
+      // The number reserved when the save was accepted, for which the
+      // trainer's stream may wait already; a new one for an event the save
+      // reserved none of (its first region came after the call).
+      const std::optional<uint64_t> reserved =
+          staged_ == nullptr ? std::nullopt : staged_->Take(event);
+      const uint64_t number = reserved.has_value() ? *reserved : staged->ReserveRecord();
+      const absl::Status recorded = q.stream->RecordReserved(*staged, number);
+      if (!recorded.ok()) {
+        // Never left unreached: a later record, made in order after this
+        // one, would wait for it for good.
+        if (reserved.has_value()) {
+          staged_->Untake(event);  // AllEnqueued completes it
+        } else {
+          regions_->backend()->staged_completer().Complete(staged, number);
+        }
+      }
+      RETURN_IF_ERROR(
+          Annotate(recorded, absl::StrCat("record staged event on device ", device)));
       // The record uses the event page: the batch ends only after it ran.
       q.unfenced = true;
       last_gpu_ticket_ = tickets_;

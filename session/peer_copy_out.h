@@ -41,25 +41,27 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
 #include <unordered_set>
 #include <vector>
 
 #include "session/gpu_regions.h"
 #include "session/memory_source.h"
+#include "session/staged_records.h"
 
 namespace ckpt {
 
 class PeerCopyOut final : public CopyOutBatch {
  public:
-  // Borrows `host`, `regions` and the trainer's pidfd `trainer_pidfd`
-  // (process `trainer_pid`); they outlive the batch.
+  // Borrows `host`, `regions`, the trainer's pidfd `trainer_pidfd`
+  // (process `trainer_pid`) and `staged` (may be null: the save reserved
+  // no staged record); they outlive the batch.
   PeerCopyOut(MemorySource* host, GpuRegions* regions, int trainer_pidfd,
-              pid_t trainer_pid)
+              pid_t trainer_pid, StagedRecords* staged)
       : host_(host),
         regions_(regions),
         trainer_pidfd_(trainer_pidfd),
-        trainer_pid_(trainer_pid) {}
+        trainer_pid_(trainer_pid),
+        staged_(staged) {}
   ~PeerCopyOut() override;
 
   absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override;
@@ -73,7 +75,8 @@ class PeerCopyOut final : public CopyOutBatch {
   struct DeviceQueue {
     std::unique_ptr<GpuStream> stream;
     std::vector<GpuEvent*> waited;     // ready events waited on
-    std::set<GpuEvent*> staged;        // staged events to record
+    // Staged events to record (by address, for a stable order).
+    std::map<GpuEvent*, std::shared_ptr<GpuEvent>> staged;
     std::vector<GpuCopy> unsubmitted;  // not yet handed to the stream
     const GpuRegion* last_region = nullptr;  // of unsubmitted.back()
     uint64_t last_ticket = 0;                // of unsubmitted.back()
@@ -91,6 +94,8 @@ class PeerCopyOut final : public CopyOutBatch {
   absl::StatusOr<uint64_t> EnqueueCopies(absl::Span<const CopySpan> spans);
   // Hands the unsubmitted copies to their streams.
   absl::Status Submit();
+  // Submits, then records the staged events of the regions read.
+  absl::Status RecordStaged();
   // Submits, then fences every stream with copies since its last fence.
   absl::Status FenceAll();
   // Waits for `fence` at most `timeout`, failing early once the trainer is
@@ -105,6 +110,7 @@ class PeerCopyOut final : public CopyOutBatch {
   GpuRegions* const regions_;
   const int trainer_pidfd_;
   const pid_t trainer_pid_;
+  StagedRecords* const staged_;
   uint64_t tickets_ = 0;
   std::map<int, DeviceQueue> devices_;
   std::vector<std::shared_ptr<const GpuRegion>> held_;  // regions read

@@ -237,6 +237,20 @@ absl::StatusOr<uint64_t> Session::Resolve(const v1::MemoryRef& ref) const {
   return r.address + ref.offset();
 }
 
+Session::StagedReservation Session::ReserveStaged(const TensorLayout& layout) {
+  StagedReservation reservation;
+  reservation.records = gpu_.ReserveStaged();
+  if (reservation.records.records().empty()) return reservation;
+  absl::MutexLock lock(&mu_);
+  reservation.gpu_only = std::all_of(
+      layout.items.begin(), layout.items.end(),
+      [&](const v1::TensorItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const uint64_t id = item.memory().region_id();
+        return id < regions_.size() && regions_[id].gpu && !regions_[id].released;
+      });
+  return reservation;
+}
+
 absl::Status Session::CheckLayoutRoom(uint64_t bytes) const {
   return layout_budget_->CheckRoom(id_, bytes);
 }

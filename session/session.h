@@ -126,6 +126,17 @@ class Session {
   // Reads/writes the peer's memory, host and GPU (SessionMemory).
   MemorySource* memory() { return &memory_; }
 
+  // What a save of `layout` accepted now reserves: a record of each staged
+  // event of the session's GPU regions (session/staged_records.h), and
+  // whether every item lies in a GPU region, so that a trainer stream that
+  // waits for those records has every later write ordered after the save's
+  // reads (host items are read by the CPU until the save is STAGED).
+  struct StagedReservation {
+    StagedRecords records;
+    bool gpu_only = false;
+  };
+  StagedReservation ReserveStaged(const TensorLayout& layout);
+
   // The trainer is gone: its GPU regions are released and its layouts
   // dropped (saves in flight keep the ones they use).
   void MarkClosed();

@@ -66,12 +66,13 @@ std::unique_ptr<CopiesInFlight> SessionMemory::StartWrite(absl::Span<const CopyS
   return StartTransfer(spans, /*read=*/false);
 }
 
-absl::StatusOr<std::unique_ptr<CopyOutBatch>> SessionMemory::BeginCopyOut() {
+absl::StatusOr<std::unique_ptr<CopyOutBatch>> SessionMemory::BeginCopyOut(
+    StagedRecords* staged) {
   // A save's GPU copies are checked here, once; its host reads at each
   // Enqueue (CheckedHost).
   RETURN_IF_ERROR(peer_->CheckAccess());
   return std::make_unique<PeerCopyOut>(&checked_host_, gpu_, peer_->pidfd(),
-                                       peer_->pid());
+                                       peer_->pid(), staged);
 }
 
 }  // namespace ckpt

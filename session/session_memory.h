@@ -31,7 +31,7 @@ class SessionMemory final : public MemorySource {
   absl::Status Read(absl::Span<const CopySpan> spans) override;
   absl::Status Write(absl::Span<const CopySpan> spans) override;
   std::unique_ptr<CopiesInFlight> StartWrite(absl::Span<const CopySpan> spans) override;
-  absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut() override;
+  absl::StatusOr<std::unique_ptr<CopyOutBatch>> BeginCopyOut(StagedRecords* staged) override;
   bool PrefersLargeWrites() const override { return gpu_->live_regions() > 0; }
 
  private:

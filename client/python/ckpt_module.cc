@@ -217,8 +217,10 @@ class PySaveHandle {
   void Cancel() {
     Check(Interruptibly([&](ckpt::CallCanceller* c) { return handle_->Cancel(c); }));
   }
-  // Blocks only until the daemon enqueued its copies (or the save failed),
-  // then makes `stream` wait on its staged event.
+  // ckpt::SaveHandle::WaitStagedOnStream: for a save of GPU tensors only,
+  // makes `stream` wait for the record the daemon reserved, without a CPU
+  // wait; otherwise blocks until the daemon enqueued its copies (or the
+  // save failed), then makes `stream` wait on its staged event.
   void WaitStagedOnStream(uint64_t stream) {
     absl::Status status;
     {

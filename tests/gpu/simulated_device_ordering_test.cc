@@ -193,6 +193,60 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "Staged records reserved as saves are accepted: the trainer's stream waits "
+    "for its save's record from the call on, records reach in the order they "
+    "were reserved, and a failed save's record completed from the CPU waits "
+    "for the one before it",
+    "[gpu]") {
+  InProcess gpu;
+  SimulatedStream trainer_stream;
+  absl::Notification release;
+  // The first save's stream: its copies wait behind the trainer's ready.
+  BlockedOnReady first_save(gpu, trainer_stream, release);
+  auto events = gpu.trainer.Events(gpu.region.device_uuid);
+  REQUIRE(events.ok());
+  auto staged = gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
+  REQUIRE(staged.ok());
+  // Three saves accepted before any copy is enqueued.
+  const uint64_t first = (*staged)->ReserveRecord();
+  const uint64_t second = (*staged)->ReserveRecord();
+  const uint64_t third = (*staged)->ReserveRecord();
+  CHECK(second == first + 1);
+  CHECK(third == second + 1);
+  // The trainer's step after the second save waits for exactly its record,
+  // enqueued at once (no CPU wait for the daemon).
+  SimulatedStream step_stream;
+  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, second).ok());
+  std::atomic<bool> stepped{false};
+  step_stream.Enqueue([&stepped] { stepped = true; });
+  // The second save failed before its copies: its record cannot be
+  // completed while the first's is pending.
+  CHECK_FALSE((*staged)->CompleteReserved(second));
+  REQUIRE((*first_save.stream)->RecordReserved(**staged, first).ok());
+  // The third save's record, on a stream of its own with nothing before it.
+  auto third_save = gpu.device.CreateStream(0);
+  REQUIRE(third_save.ok());
+  REQUIRE((*third_save)->RecordReserved(**staged, third).ok());
+  auto third_fence = (*third_save)->Fence();
+  REQUIRE(third_fence.ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK_FALSE(stepped);
+  CHECK_FALSE((*staged)->CompleteReserved(second));
+  CHECK_FALSE(*(*third_fence)->Ready());
+
+  release.Notify();  // the first save's copies run, then its record
+  const absl::Time end = absl::Now() + kPatience;
+  while (!(*staged)->CompleteReserved(second) && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CHECK((*staged)->CompleteReserved(second));
+  REQUIRE((*third_fence)->Wait(kPatience).ok());
+  step_stream.Synchronize();
+  CHECK(stepped);
+  trainer_stream.Synchronize();
+}
+
+TEST_CASE(
     "A fence behind a wait on an event that has not completed reports "
     "DeadlineExceeded",
     "[gpu]") {

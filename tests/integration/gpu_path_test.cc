@@ -80,13 +80,18 @@ TEST_CASE("a restarted GPU trainer restores from the daemon's memory tier",
 }
 
 TEST_CASE("the daemon copies after the trainer's last queued write, and a "
-          "mutation queued after the GPU-side STAGED is not saved",
+          "mutation queued after the GPU-side STAGED is not saved, while the "
+          "trainer's CPU waits for none of it, even with a pool smaller than "
+          "the state",
           "[integration][gpu][cuda]") {
   const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
   std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
   if (gpu == nullptr) return;
+  // 64 MiB pool, 96 MiB state: the daemon can enqueue the last copies only
+  // once the first ones ran (behind the delay below) and went to storage,
+  // so a trainer CPU that waited for the enqueue would wait for the delay.
   DaemonProcess daemon(GpuFlags(kind));
-  GpuTestRank rank(gpu.get(), daemon.socket(), "order", 2, 8, kTensorBytes);
+  GpuTestRank rank(gpu.get(), daemon.socket(), "order", 3, 32, kTensorBytes);
   rank.Upload(1);
   REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
   // The stream is busy when the save is called: the step-2 bytes are
@@ -102,10 +107,53 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
   // The CPU went on without waiting for the delay or the copies...
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2000));
   // ...and the optimizer step's writes queue behind the daemon's copies.
-  for (int a = 0; a < 2; ++a) {
+  for (int a = 0; a < 3; ++a) {
     REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
   }
   REQUIRE((*save)->WaitCommitted().ok());
+  rank.Zero();
+  REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
+  CHECK(rank.Holds(2));
+}
+
+TEST_CASE("a save that fails after the call still releases the trainer's "
+          "stream, which waits for the save's staged record from the call on",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  // 64 MiB pool, 96 MiB state, and copies that may wait 0.5 s: the save
+  // fails while the stream is still busy, before its last copies were
+  // enqueued, so no stream of the daemon ever records its staged event.
+  DaemonProcess daemon(GpuFlags(kind, {"--gpu_copy_timeout_ms=500"}));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "fails", 3, 32, kTensorBytes);
+  rank.Upload(1);
+  REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
+  REQUIRE(gpu->Delay(absl::Seconds(3)).ok());
+  auto save = rank.client().Save(rank.SaveRequestFor("step-1"), gpu->stream());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
+  // The optimizer step, behind the wait for the save's staged record.
+  for (int a = 0; a < 3; ++a) {
+    REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
+  }
+  const absl::Status failed = (*save)->WaitCommitted();
+  INFO(failed.ToString());
+  CHECK_FALSE(failed.ok());
+  // The daemon completed the failed save's record: the stream goes on.
+  const absl::Status drained = gpu->Synchronize(absl::Seconds(30));
+  INFO(drained.ToString());
+  CHECK(drained.ok());
+
+  // The next save waits for its own record and commits what the stream
+  // wrote before it.
+  rank.Upload(2);
+  auto next = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+  REQUIRE(next.ok());
+  REQUIRE((*next)->WaitStagedOnStream(gpu->stream()).ok());
+  const absl::Status committed = (*next)->WaitCommitted();
+  INFO(committed.ToString());
+  REQUIRE(committed.ok());
   rank.Zero();
   REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
   CHECK(rank.Holds(2));

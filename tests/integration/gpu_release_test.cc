@@ -58,6 +58,10 @@ class ObservedTrainerGpu final : public TrainerGpu {
   absl::Status WaitStaged(const std::string& uuid, GpuStreamHandle s) override {
     return inner_->WaitStaged(uuid, s);
   }
+  absl::Status WaitStagedRecord(const std::string& uuid, GpuStreamHandle s,
+                                uint64_t record) override {
+    return inner_->WaitStagedRecord(uuid, s, record);
+  }
   absl::Status SignalStaged(const std::string& uuid) override {
     return inner_->SignalStaged(uuid);
   }

@@ -92,58 +92,62 @@ std::vector<std::string> ExpectedLog(int writes, bool overlapped) {
   return log;
 }
 
+// The fixture's file written, and a read of every entry of it into a
+// DeferredWriteMemory, from the file or from a memory image of it.
+struct WindowWritesRead {
+  ShardFixture f;
+  DeferredWriteMemory gpu_like;
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  ShardWriteResult written;  // the request's checksums point into it
+  std::vector<std::string> got;
+  std::string image;
+  ShardReadRequest req;
+
+  explicit WindowWritesRead(bool from_memory, int stuck_write = 0) : gpu_like(stuck_write) {
+    f.set_destination(&gpu_like);
+    written = f.WriteOrFail(queue.get());
+    req = f.ReadAllRequest(written, &got);
+    if (from_memory) image = ReadWholeFile(f.path());
+  }
+  absl::Status Read() {
+    if (!image.empty()) req.memory_image = image.data();
+    ShardReader reader(f.pool(), queue.get());
+    return reader.Read(req).status();
+  }
+};
+
 TEST_CASE("ShardReader overlaps a memory image's window copies with hashing the "
           "next window, and ends a staging buffer's before the buffer goes back",
           "[shard_io][shard_reader]") {
   const bool from_memory = GENERATE(false, true);
   INFO((from_memory ? "from a memory image" : "from the file"));
-  ShardFixture f;
-  DeferredWriteMemory gpu_like;
-  f.set_destination(&gpu_like);
-  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
-  const ShardWriteResult written = f.WriteOrFail(queue.get());
-  std::vector<std::string> got;
-  ShardReadRequest req = f.ReadAllRequest(written, &got);
-  const std::string image = from_memory ? ReadWholeFile(f.path()) : std::string();
-  if (from_memory) req.memory_image = image.data();
-
-  ShardReader reader(f.pool(), queue.get());
-  const absl::Status status = reader.Read(req).status();
+  WindowWritesRead r(from_memory);
+  const absl::Status status = r.Read();
   INFO(status);
   REQUIRE(status.ok());
-  for (size_t i = 0; i < f.entries().size(); ++i) {
-    INFO("entry " << f.entries()[i].fqn);
-    CHECK(got[i] == f.source(i));
+  for (size_t i = 0; i < r.f.entries().size(); ++i) {
+    INFO("entry " << r.f.entries()[i].fqn);
+    CHECK(r.got[i] == r.f.source(i));
   }
   // Many windows, each one write.
-  CHECK(gpu_like.started >= 10);
-  CHECK(gpu_like.log == ExpectedLog(gpu_like.started, /*overlapped=*/from_memory));
-  CHECK(f.pool()->free_bytes() == kPoolBytes);
+  CHECK(r.gpu_like.started >= 10);
+  CHECK(r.gpu_like.log == ExpectedLog(r.gpu_like.started, /*overlapped=*/from_memory));
+  CHECK(r.f.pool()->free_bytes() == kPoolBytes);
 }
 
 TEST_CASE("ShardReader ends every window copy it started before it reports a "
           "checksum mismatch found in a later window of a memory image",
           "[shard_io][shard_reader]") {
-  ShardFixture f;
-  DeferredWriteMemory gpu_like;
-  f.set_destination(&gpu_like);
-  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
-  const ShardWriteResult written = f.WriteOrFail(queue.get());
-  std::vector<std::string> got;
-  ShardReadRequest req = f.ReadAllRequest(written, &got);
-  std::string image = ReadWholeFile(f.path());
+  WindowWritesRead r(/*from_memory=*/true);
   // Past the middle of the biggest item: several windows come before it.
-  const size_t big = f.IndexOf("c.big");
-  image[f.ItemOffset(big) + f.source(big).size() * 3 / 4] ^= 0x10;
-  req.memory_image = image.data();
-
-  ShardReader reader(f.pool(), queue.get());
-  const absl::Status status = reader.Read(req).status();
+  const size_t big = r.f.IndexOf("c.big");
+  r.image[r.f.ItemOffset(big) + r.f.source(big).size() * 3 / 4] ^= 0x10;
+  const absl::Status status = r.Read();
   INFO(status);
   CHECK(status.code() == absl::StatusCode::kDataLoss);
   CHECK_FALSE(HostMemoryInUse(status));
-  CHECK(gpu_like.started >= 2);
-  CHECK(gpu_like.ended == gpu_like.started);
+  CHECK(r.gpu_like.started >= 2);
+  CHECK(r.gpu_like.ended == r.gpu_like.started);
 }
 
 TEST_CASE("ShardReader reports window copies that did not end so that their "
@@ -152,24 +156,14 @@ TEST_CASE("ShardReader reports window copies that did not end so that their "
           "[shard_io][shard_reader]") {
   const bool from_memory = GENERATE(false, true);
   INFO((from_memory ? "from a memory image" : "from the file"));
-  ShardFixture f;
-  DeferredWriteMemory gpu_like(/*stuck_write=*/2);
-  f.set_destination(&gpu_like);
-  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
-  const ShardWriteResult written = f.WriteOrFail(queue.get());
-  std::vector<std::string> got;
-  ShardReadRequest req = f.ReadAllRequest(written, &got);
-  const std::string image = from_memory ? ReadWholeFile(f.path()) : std::string();
-  if (from_memory) req.memory_image = image.data();
-
-  ShardReader reader(f.pool(), queue.get());
-  const absl::Status status = reader.Read(req).status();
+  WindowWritesRead r(from_memory, /*stuck_write=*/2);
+  const absl::Status status = r.Read();
   INFO(status);
   CHECK(absl::IsDeadlineExceeded(status));
   CHECK(HostMemoryInUse(status));
-  CHECK(gpu_like.ended == gpu_like.started);
+  CHECK(r.gpu_like.ended == r.gpu_like.started);
   // From the file, the window's buffer is the memory kept.
-  CHECK(f.pool()->withheld_buffers() == (from_memory ? 0u : 1u));
+  CHECK(r.f.pool()->withheld_buffers() == (from_memory ? 0u : 1u));
 }
 
 }  // namespace

@@ -98,7 +98,8 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   StagingLease lease = f.Buffer();
   char* out = lease.data();
   auto batch = std::make_unique<PeerCopyOut>(/*host=*/nullptr, f.regions.get(),
-                                             trainer.pidfd(), trainer.pid());
+                                             trainer.pidfd(), trainer.pid(),
+                                             /*staged=*/nullptr);
   absl::StatusOr<uint64_t> ticket = batch->Enqueue(std::vector<CopySpan>{{a, out, kSpan}});
   REQUIRE(ticket.ok());
   REQUIRE(batch->AllEnqueued().ok());

@@ -247,7 +247,7 @@ absl::Status Read(Session& session, std::string* out) {
 absl::Status SaveRead(Session& session, std::string* out) {
   *out = Untouched();
   absl::StatusOr<std::unique_ptr<CopyOutBatch>> batch =
-      session.memory()->BeginCopyOut();
+      session.memory()->BeginCopyOut(/*staged=*/nullptr);
   if (!batch.ok()) return batch.status();
   const CopySpan span{kAddress, out->data(), kBytes};
   absl::StatusOr<uint64_t> ticket = (*batch)->Enqueue({&span, 1});

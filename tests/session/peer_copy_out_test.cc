@@ -32,7 +32,7 @@ struct Fixture : GpuRegionsFixture {
   std::unique_ptr<PeerCopyOut> Batch() {
     REQUIRE(self.valid());
     return std::make_unique<PeerCopyOut>(/*host=*/nullptr, regions.get(), self.get(),
-                                         ::getpid());
+                                         ::getpid(), /*staged=*/nullptr);
   }
 };
 

@@ -24,9 +24,10 @@ CUDA tensors are GPU regions: the daemon copies them out with the GPU's copy
 engines, after the trainer's writes queued so far on the device's current
 stream (the save records an event there; no CPU wait). `wait_staged()`
 waits on the CPU until every byte is copied out; `wait_staged_on_stream()`
-returns once the daemon has queued its copies and makes the stream wait for
-them, so the optimizer step queued next runs after them and the CPU goes on
-(the GPU-side STAGED). A load waits for the stream first, then writes the
+makes the stream wait for the copies, so the optimizer step queued next runs
+after them and the CPU goes on (the GPU-side STAGED): at once when every
+saved tensor is a GPU tensor, otherwise once the daemon has queued its
+copies and read the host tensors. A load waits for the stream first, then writes the
 tensors. `Client(gpu=ckptd._ckpt.SimulatedGpu())` puts the GPU path on the
 simulated device instead (a daemon with --gpu=simulated): arrays or CPU
 tensors over its memory (SimulatedGpu.allocate) then stand for CUDA
@@ -142,12 +143,13 @@ class SaveHandle:
         self._keep_alive = None
 
     def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
-        """The GPU-side STAGED: returns once the daemon has queued the copies of
-        this rank's GPU tensors (with a staging pool smaller than the state,
-        once the part that does not fit went to storage), and makes `stream`
-        (default: the stream the save recorded on) wait for them, so work
-        queued there next runs after the copies. Host tensors are copied out
-        by then. The tensors stay referenced until wait_staged or
+        """The GPU-side STAGED: makes `stream` (default: the stream the save
+        recorded on) wait for the daemon's copies of this rank's GPU tensors,
+        so work queued there next runs after them. When every saved tensor
+        is a GPU tensor this does not wait on the CPU (a failed save shows in
+        wait_committed); otherwise it returns once the daemon has queued the
+        copies (with a staging pool smaller than the state, once the part
+        that does not fit went to storage) and copied the host tensors out. The tensors stay referenced until wait_staged or
         wait_committed: their memory must not be freed before the copies
         ran."""
         if stream is None:

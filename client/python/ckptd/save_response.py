@@ -6,10 +6,11 @@
   the daemon reads, so their storage stays alive whatever the caller does
   with its state dict.
 - wait_staged_on_stream() is the GPU-side STAGED of a save with GPU
-  tensors (ckptd.SaveHandle's): it returns once the daemon has queued the
-  copies of this rank's GPU tensors, and makes the stream the save was
-  called on (or `stream`) wait for them, so the optimizer step queued next
-  runs after them while the CPU goes on. It waits on the CPU for the
+  tensors (ckptd.SaveHandle's): it makes the stream the save was called on
+  (or `stream`) wait for the daemon's copies of this rank's GPU tensors, so
+  the optimizer step queued next runs after them while the CPU goes on (at
+  once for a save of GPU tensors only; with CPU tensors too, once the
+  daemon has queued its copies). It waits on the CPU for the
   submit thread to have handed the save over (normally long done by the
   optimizer step). Call it before queuing any write to a saved tensor: the
   optimizer step, and a forward pass that updates saved buffers
@@ -74,8 +75,11 @@ class AsyncSaveResponse:
         self._handed_over.set()
 
     def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
-        """The GPU-side STAGED (the module comment); raises the save's
-        error if it failed before the daemon queued its copies."""
+        """The GPU-side STAGED (the module comment). For a save of CUDA
+        tensors only the CPU waits for nothing but the hand-over, and a
+        failure shows in upload_completion; with CPU tensors too it waits
+        until the daemon queued its copies, and raises the save's error if
+        it failed before."""
         self._handed_over.wait()
         handle = self._handle
         if handle is None or self._stream is None:
