@@ -125,6 +125,27 @@ absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd, CallCanceller* cancell
   return DecodeHandshakeFrame(absl::string_view(bytes, got));
 }
 
+// The staged record to wait for on each of `devices` (the save's GPU
+// devices), when the stream wait alone orders the trainer's later writes
+// after the save's reads: every tensor is in GPU memory or in a snapshot
+// host region, and the daemon reserved exactly one record per device.
+// Empty otherwise (the CPU waits).
+std::vector<uint64_t> StreamWaitRecords(const v1::SaveResponse& response,
+                                        const std::vector<std::string>& devices) {
+  if (!response.stream_wait_suffices() || devices.empty()) return {};
+  std::vector<uint64_t> records;
+  for (const std::string& uuid : devices) {
+    int found = 0;
+    for (const v1::StagedRecord& r : response.staged_records()) {
+      if (r.device_uuid() != uuid) continue;
+      ++found;
+      records.push_back(r.number());
+    }
+    if (found != 1) return {};
+  }
+  return records;
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& socket,
@@ -200,11 +221,24 @@ Client::Client(ConnectOptions options, UniqueFd handshake, std::string token,
 absl::StatusOr<uint64_t> Client::RegisterRegion(const void* address,
                                                 uint64_t length,
                                                 CallCanceller* canceller) {
+  return RegisterHostRegion(address, length, /*snapshot=*/false, canceller);
+}
+
+absl::StatusOr<uint64_t> Client::RegisterSnapshotRegion(const void* address,
+                                                        uint64_t length,
+                                                        CallCanceller* canceller) {
+  return RegisterHostRegion(address, length, /*snapshot=*/true, canceller);
+}
+
+absl::StatusOr<uint64_t> Client::RegisterHostRegion(const void* address,
+                                                    uint64_t length, bool snapshot,
+                                                    CallCanceller* canceller) {
   v1::RegisterRegionsRequest request;
   request.set_session_token(token_);
   v1::HostRegion* host = request.add_regions()->mutable_host();
   host->set_address(reinterpret_cast<uint64_t>(address));
   host->set_length(length);
+  host->set_snapshot(snapshot);
   return RegisterOne(request, canceller);
 }
 
@@ -283,30 +317,6 @@ absl::StatusOr<uint64_t> Client::DefineLayout(
                         &response));
   return response.layout_id();
 }
-
-namespace {
-
-// The staged record to wait for on each of `devices` (the save's GPU
-// devices), when the stream wait alone orders the trainer's later writes
-// after the save's reads: every tensor is in GPU memory and the daemon
-// reserved exactly one record per device. Empty otherwise (the CPU waits).
-std::vector<uint64_t> StreamWaitRecords(const v1::SaveResponse& response,
-                                        const std::vector<std::string>& devices) {
-  if (!response.gpu_only() || devices.empty()) return {};
-  std::vector<uint64_t> records;
-  for (const std::string& uuid : devices) {
-    int found = 0;
-    for (const v1::StagedRecord& r : response.staged_records()) {
-      if (r.device_uuid() != uuid) continue;
-      ++found;
-      records.push_back(r.number());
-    }
-    if (found != 1) return {};
-  }
-  return records;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SaveHandle>> Client::Save(v1::SaveRequest request,
                                                          GpuStreamHandle stream,

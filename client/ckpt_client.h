@@ -149,13 +149,15 @@ class SaveHandle {
   absl::Status WaitCommitted(absl::Duration timeout);
   // The GPU-side STAGED: makes `stream` wait for the save's copies, so
   // work queued on `stream` after this call (the optimizer step) runs
-  // after them. When every tensor of the save is in GPU memory, the daemon
+  // after them. When every tensor of the save is in GPU memory (or in
+  // snapshot host regions: RegisterSnapshotRegion), the daemon
   // reserved the save's staged records when it accepted the save
   // (SaveResponse.staged_records) and this blocks the CPU not at all: the
   // stream waits for those records, which the daemon makes once the copies
   // are enqueued (and, if the save fails, once the save before it is
-  // staged; the failure shows in WaitCommitted). Otherwise (host tensors
-  // too, or a daemon that reserved none) it blocks the CPU until the daemon
+  // staged; the failure shows in WaitCommitted). Otherwise (tensors in the
+  // trainer's own host memory too, or a daemon that reserved none) it
+  // blocks the CPU until the daemon
   // has enqueued every copy (with a pool smaller than the state, until the
   // part that does not fit went to storage) and read the host tensors, and
   // fails if the save failed by then.
@@ -215,6 +217,14 @@ class Client {
   // Registers [address, address+length) of this process; returns its id.
   absl::StatusOr<uint64_t> RegisterRegion(const void* address, uint64_t length,
                                           CallCanceller* canceller = nullptr);
+  // Registers host memory that holds the caller's own copy of bytes it
+  // took for a save (a copy buffer), which it promises to write again only
+  // after every save that reads it is STAGED (it waits for that itself:
+  // WaitStaged). The trainer's later writes never touch it, so a save of
+  // GPU tensors and snapshot regions alone keeps the CPU-free GPU-side
+  // STAGED (WaitStagedOnStream), as one of GPU tensors alone does.
+  absl::StatusOr<uint64_t> RegisterSnapshotRegion(const void* address, uint64_t length,
+                                                  CallCanceller* canceller = nullptr);
   // Registers device memory [address, address+length) (a CUDA device
   // pointer of this process); returns its id. The daemon maps the
   // allocations under it now and keeps them until ReleaseRegions.
@@ -298,6 +308,9 @@ class Client {
   Client(ConnectOptions options, UniqueFd handshake, std::string token,
          uint32_t daemon_pid, std::shared_ptr<grpc::Channel> channel);
 
+  // Registers one host region (RegisterRegion, RegisterSnapshotRegion).
+  absl::StatusOr<uint64_t> RegisterHostRegion(const void* address, uint64_t length,
+                                              bool snapshot, CallCanceller* canceller);
   // Sends a RegisterRegions request of one region; returns its id.
   absl::StatusOr<uint64_t> RegisterOne(const v1::RegisterRegionsRequest& request,
                                        CallCanceller* canceller);

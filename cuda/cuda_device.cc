@@ -336,7 +336,7 @@ absl::StatusOr<std::unique_ptr<GpuEvent>> CudaDevice::OpenEvent(
           [state, device](CUresult result, absl::string_view what) {
             return state->CheckPeerInput(device, result, what);
           }));
-  return std::make_unique<CudaEvent>(device, std::move(page));
+  return std::make_unique<CudaEvent>(state_, device, std::move(page));
 }
 
 absl::StatusOr<std::unique_ptr<GpuStream>> CudaDevice::CreateStream(

@@ -253,8 +253,13 @@ absl::Status EventPage::WaitFor(CUstream stream, int stream_device,
   return Track(stream, stream_device, after, check);
 }
 
-void EventPage::CompleteRecorded() {
-  const uint32_t target = recorded();
+void EventPage::CompleteRecorded() { CompleteThrough(recorded()); }
+
+bool EventPage::Reached(uint32_t target) const {
+  return static_cast<int32_t>(completed() - target) >= 0;
+}
+
+void EventPage::CompleteThrough(uint32_t target) {
   std::atomic_ref<uint32_t> completed(words_[kCompleted]);
   uint32_t now = completed.load(std::memory_order_acquire);
   // Raised only (cyclically, as the GPU compares): a stream's write that

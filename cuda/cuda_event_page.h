@@ -128,6 +128,11 @@ class EventPage {
   // Raises `completed` to `target` if it has reached target - 1 (no CUDA
   // call); true once `completed` covers `target`, now or before.
   bool CompleteReserved(uint32_t target);
+  // Raises `completed` to at least `target`, whatever it reached before
+  // (no CUDA call): only where nothing enqueued will ever reach it.
+  void CompleteThrough(uint32_t target);
+  // Whether `completed` covers `target` (cyclic, as the GPU compares).
+  bool Reached(uint32_t target) const;
   // Wait for record `target` rather than the most recent one.
   absl::Status WaitFor(CUstream stream, int stream_device, const CuCheck& check,
                        uint32_t target);

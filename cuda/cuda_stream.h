@@ -36,8 +36,8 @@ namespace ckpt::cuda_internal {
 class CudaEvent final : public GpuEvent {
  public:
   // `page` is registered on `device`.
-  CudaEvent(int device, std::unique_ptr<EventPage> page)
-      : device_(device), page_(std::move(page)) {}
+  CudaEvent(std::shared_ptr<DeviceState> state, int device, std::unique_ptr<EventPage> page)
+      : state_(std::move(state)), device_(device), page_(std::move(page)) {}
 
   // Only for a trainer that is gone: a live one's writes could come later.
   absl::Status CompleteRecorded() override {
@@ -47,13 +47,24 @@ class CudaEvent final : public GpuEvent {
   // Record numbers are the page's 32-bit counters (compared cyclically).
   uint64_t ReserveRecord() override { return page_->Reserve(); }
   bool CompleteReserved(uint64_t record) override {
-    return page_->CompleteReserved(static_cast<uint32_t>(record));
+    return CompleteIfDeviceFailed(record) ||
+           page_->CompleteReserved(static_cast<uint32_t>(record));
+  }
+  // The device failed when DeviceState marked it broken (a sticky error
+  // seen by any call on it): the context, and every stream of it, is gone.
+  bool CompleteIfDeviceFailed(uint64_t record) override {
+    const auto target = static_cast<uint32_t>(record);
+    if (page_->Reached(target)) return true;
+    if (state_->CheckDevice(device_).ok()) return false;
+    page_->CompleteThrough(target);
+    return true;
   }
 
   int device() const { return device_; }
   EventPage& page() const { return *page_; }
 
  private:
+  const std::shared_ptr<DeviceState> state_;
   const int device_;
   const std::unique_ptr<EventPage> page_;
 };

@@ -97,11 +97,20 @@ class GpuEvent {
   // on it, and every later record, for good.
   virtual uint64_t ReserveRecord() = 0;
   // Completes reserved record `record` from the CPU, if the record before
-  // it was reached: true once `record` is reached (now or before), false
-  // while the one before is not. For a record whose copies never ran or
-  // will not matter (a failed save): nothing is enqueued, so it works on a
-  // device that cannot run work any more too.
+  // it was reached or the device failed (below): true once `record` is
+  // reached (now or before), false while the one before is not. For a
+  // record whose copies never ran or will not matter (a failed save):
+  // nothing is enqueued, so it works on a device that cannot run work any
+  // more too.
   virtual bool CompleteReserved(uint64_t record) = 0;
+  // For a record enqueued on a stream of the event's device: true once it
+  // is reached; if the device failed (a sticky error broke this process's
+  // context there, so nothing enqueued on it will ever run), completes it
+  // from the CPU first, whatever came before it: no copy of the daemon
+  // reads the trainer's memory on that device any more, and the trainer's
+  // stream must not wait for a record that will never come. False while
+  // the device works and the stream has not reached it.
+  virtual bool CompleteIfDeviceFailed(uint64_t record) = 0;
 };
 
 // Completion of the work enqueued on a stream before it.

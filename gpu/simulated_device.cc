@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -22,9 +23,26 @@
 namespace ckpt {
 
 // What the device's mappings and streams share: registered host chunks,
-// live mappings (to check both sides of every copy) and the fault hook.
+// live mappings (to check both sides of every copy), the fault hooks and
+// the devices whose context failed.
 struct SimulatedDeviceState {
+  // The sticky error of `device` (SimulatedDevice::FailDevice), OK while
+  // it works.
+  absl::Status Failure(int device) {
+    if (!Failed(device)) return absl::OkStatus();
+    absl::MutexLock lock(&mu);
+    return failures[device];
+  }
+  bool Failed(int device) const {
+    return device >= 0 && device < 64 &&
+           (failed_mask.load(std::memory_order_acquire) & (uint64_t{1} << device)) != 0;
+  }
+
+  // Bit i: device i failed (read without mu by the streams' halt test;
+  // FailDevice takes only the first 64 devices).
+  std::atomic<uint64_t> failed_mask{0};
   absl::Mutex mu;
+  std::map<int, absl::Status> failures ABSL_GUARDED_BY(mu);
   // Registered host chunks and live mapped regions: start -> length.
   std::map<uint64_t, uint64_t> host_chunks ABSL_GUARDED_BY(mu);
   std::map<uint64_t, uint64_t> mappings ABSL_GUARDED_BY(mu);
@@ -101,18 +119,30 @@ class SimulatedMapping final : public GpuMapping {
 
 class SimulatedGpuEvent final : public GpuEvent {
  public:
-  explicit SimulatedGpuEvent(std::shared_ptr<SimulatedEvent> event)
-      : event_(std::move(event)) {}
+  // `event` is opened on device `ordinal` of `device`.
+  SimulatedGpuEvent(std::shared_ptr<SimulatedEvent> event,
+                    std::shared_ptr<SimulatedDeviceState> device, int ordinal)
+      : event_(std::move(event)), device_(std::move(device)), ordinal_(ordinal) {}
   const std::shared_ptr<SimulatedEvent>& event() const { return event_; }
   absl::Status CompleteRecorded() override {
     event_->CompleteRecorded();
     return absl::OkStatus();
   }
   uint64_t ReserveRecord() override { return event_->EnqueueRecord(); }
-  bool CompleteReserved(uint64_t record) override { return event_->CompleteReserved(record); }
+  bool CompleteReserved(uint64_t record) override {
+    return CompleteIfDeviceFailed(record) || event_->CompleteReserved(record);
+  }
+  bool CompleteIfDeviceFailed(uint64_t record) override {
+    if (event_->Covers(record)) return true;
+    if (!device_->Failed(ordinal_)) return false;
+    event_->Complete(record);
+    return true;
+  }
 
  private:
   const std::shared_ptr<SimulatedEvent> event_;
+  const std::shared_ptr<SimulatedDeviceState> device_;
+  const int ordinal_;
 };
 
 absl::StatusOr<std::shared_ptr<SimulatedEvent>> EventOf(GpuEvent& event) {
@@ -199,26 +229,37 @@ class FenceSignal {
 
 class SimulatedFence final : public GpuFence {
  public:
-  explicit SimulatedFence(std::shared_ptr<FenceState> state)
-      : state_(std::move(state)) {}
+  SimulatedFence(std::shared_ptr<FenceState> state,
+                 std::shared_ptr<SimulatedDeviceState> device, int ordinal)
+      : state_(std::move(state)), device_(std::move(device)), ordinal_(ordinal) {}
   absl::StatusOr<bool> Ready() override {
+    // As cudaEventQuery: a failed context reports its sticky error.
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     absl::MutexLock lock(&state_->mu);
     if (!state_->done) return false;
     RETURN_IF_ERROR(state_->status);
     return true;
   }
   absl::Status Wait(absl::Duration timeout) override {
-    absl::MutexLock lock(&state_->mu);
-    if (!state_->mu.AwaitWithTimeout(absl::Condition(&state_->done), timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the simulated stream did not reach the fence within ",
-                       absl::FormatDuration(timeout)));
+    absl::Status status;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!state_->mu.AwaitWithTimeout(absl::Condition(&state_->done), timeout)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the simulated stream did not reach the fence within ",
+                         absl::FormatDuration(timeout)));
+      }
+      status = state_->status;
     }
-    return state_->status;
+    // A failed context's stream dropped the fence unrun: say why.
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
+    return status;
   }
 
  private:
   const std::shared_ptr<FenceState> state_;
+  const std::shared_ptr<SimulatedDeviceState> device_;
+  const int ordinal_;
 };
 
 // The daemon's copy stream: GpuStream on a SimulatedStream. Copies are
@@ -226,20 +267,26 @@ class SimulatedFence final : public GpuFence {
 // the first failure is the stream's sticky error.
 class SimulatedCopyStream final : public GpuStream {
  public:
-  explicit SimulatedCopyStream(std::shared_ptr<SimulatedDeviceState> device)
-      : device_(std::move(device)) {}
+  // A stream of device `ordinal`: it stops for good once that device fails.
+  SimulatedCopyStream(std::shared_ptr<SimulatedDeviceState> device, int ordinal)
+      : device_(std::move(device)),
+        ordinal_(ordinal),
+        stream_([device = device_, ordinal] { return device->Failed(ordinal); }) {}
 
   absl::Status WaitEvent(GpuEvent& event) override {
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
     stream_.WaitEvent(std::move(e));
     return absl::OkStatus();
   }
   absl::Status RecordEvent(GpuEvent& event) override {
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
     stream_.RecordEvent(std::move(e), /*after_previous=*/true);
     return absl::OkStatus();
   }
   absl::Status RecordReserved(GpuEvent& event, uint64_t record) override {
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
     stream_.RecordReserved(std::move(e), record);
     return absl::OkStatus();
@@ -251,15 +298,17 @@ class SimulatedCopyStream final : public GpuStream {
     return Annotate(EnqueueCopies(copies, /*to_host=*/false), "CopyToDevice");
   }
   absl::StatusOr<std::unique_ptr<GpuFence>> Fence() override {
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     auto state = std::make_shared<FenceState>();
     stream_.Enqueue([this, signal = std::make_shared<FenceSignal>(state)] {
       signal->Fire(sticky_error());
     });
-    return std::make_unique<SimulatedFence>(std::move(state));
+    return std::make_unique<SimulatedFence>(std::move(state), device_, ordinal_);
   }
 
  private:
   absl::Status EnqueueCopies(absl::Span<const GpuCopy> copies, bool to_host) {
+    RETURN_IF_ERROR(device_->Failure(ordinal_));
     RETURN_IF_ERROR(sticky_error());
     absl::Status fault_on_completion;
     absl::Duration stall;
@@ -312,6 +361,7 @@ class SimulatedCopyStream final : public GpuStream {
   }
 
   const std::shared_ptr<SimulatedDeviceState> device_;
+  const int ordinal_;
   absl::Mutex mu_;
   absl::Status sticky_error_ ABSL_GUARDED_BY(mu_);
   // Last: destroyed (its thread joined) before the fields its work uses.
@@ -344,7 +394,7 @@ absl::Status SimulatedDevice::CheckOrdinal(int device) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "no simulated device ", device, " (", device_count_, " devices)"));
   }
-  return absl::OkStatus();
+  return state_->Failure(device);
 }
 
 absl::StatusOr<int> SimulatedDevice::FindDevice(const std::string& uuid) {
@@ -395,13 +445,13 @@ absl::StatusOr<std::unique_ptr<GpuEvent>> SimulatedDevice::OpenEvent(
   if (!fd.ok()) return Annotate(fd.status(), "OpenEvent: taking the fd");
   ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> event,
                    SimulatedEvent::Open(*std::move(fd)));
-  return std::make_unique<SimulatedGpuEvent>(std::move(event));
+  return std::make_unique<SimulatedGpuEvent>(std::move(event), state_, device);
 }
 
 absl::StatusOr<std::unique_ptr<GpuStream>> SimulatedDevice::CreateStream(
     int device) {
   RETURN_IF_ERROR(CheckOrdinal(device));
-  return std::make_unique<SimulatedCopyStream>(state_);
+  return std::make_unique<SimulatedCopyStream>(state_, device);
 }
 
 absl::Status SimulatedDevice::RegisterHostMemory(char* data, uint64_t length,
@@ -459,6 +509,18 @@ absl::Status SimulatedDevice::UnregisterHostMemory(char* data, uint64_t length,
 void SimulatedDevice::StallNextCopy(absl::Duration stall) {
   absl::MutexLock lock(&state_->mu);
   state_->next_copy_stall = stall;
+}
+
+void SimulatedDevice::FailDevice(int device, absl::Status status) {
+  if (device < 0 || device >= device_count_ || device >= 64 || status.ok()) {
+    LogError("FailDevice: no simulated device ", device, " or no error");
+    return;
+  }
+  absl::MutexLock lock(&state_->mu);
+  state_->failures[device] = absl::FailedPreconditionError(absl::StrCat(
+      "simulated device ", device, " hit a sticky error (", status.message(),
+      "); its context cannot be used again"));
+  state_->failed_mask.fetch_or(uint64_t{1} << device, std::memory_order_acq_rel);
 }
 
 void SimulatedDevice::FailNextCopy(absl::Status status, CopyFault when) {

@@ -18,7 +18,8 @@
 //    pool), the device side inside one live mapping (InvalidArgument).
 //    Both are checked when the copy is enqueued and again when it runs; a
 //    failure when it runs is the stream's sticky error, which every later
-//    copy and fence on that stream reports.
+//    copy and fence on that stream reports. A whole device can fail as a
+//    CUDA context does on a sticky error (FailDevice).
 //
 // Ownership: mappings, events and streams own their mmaps, fds and
 // threads, and share the device's bookkeeping (registered host memory,
@@ -79,6 +80,13 @@ class SimulatedDevice final : public GpuDevice {
   // The next such call's copies start only `stall` after their stream
   // reached them (a copy engine that hangs for a while).
   void StallNextCopy(absl::Duration stall);
+  // Device `device` hits a sticky error (`status`, not OK), as a CUDA
+  // context does: its streams run nothing more (work not yet run is
+  // dropped, a wait in progress gives up), every later call on it (map,
+  // open, stream, copy, record, fence) fails with FailedPrecondition
+  // naming it, and its events' CompleteIfDeviceFailed completes their
+  // records from the CPU. Other devices keep working.
+  void FailDevice(int device, absl::Status status);
 
  private:
   absl::Status CheckOrdinal(int device) const;

@@ -195,7 +195,8 @@ void SimulatedEvent::Complete(uint64_t target) {
   }
 }
 
-SimulatedStream::SimulatedStream() : worker_([this] { Run(); }) {}
+SimulatedStream::SimulatedStream(std::function<bool()> halted)
+    : halted_(std::move(halted)), worker_([this] { Run(); }) {}
 
 SimulatedStream::~SimulatedStream() {
   {
@@ -231,10 +232,7 @@ void SimulatedStream::Record(std::shared_ptr<SimulatedEvent> event, uint64_t tar
                              bool after_previous) {
   Enqueue([this, event = std::move(event), target, after_previous] {
     while (after_previous && !event->Covers(target - 1)) {
-      if (stopping_.load(std::memory_order_acquire)) {
-        abandoned_ = true;
-        return;
-      }
+      if (GivesUp()) return;
       absl::SleepFor(kSimulatedEventPollInterval);
     }
     event->Complete(target);
@@ -249,13 +247,17 @@ void SimulatedStream::WaitEvent(std::shared_ptr<SimulatedEvent> event) {
 void SimulatedStream::WaitFor(std::shared_ptr<SimulatedEvent> event, uint64_t target) {
   Enqueue([this, event = std::move(event), target] {
     while (!event->Covers(target)) {
-      if (stopping_.load(std::memory_order_acquire)) {
-        abandoned_ = true;
-        return;
-      }
+      if (GivesUp()) return;
       absl::SleepFor(kSimulatedEventPollInterval);
     }
   });
+}
+
+bool SimulatedStream::GivesUp() {
+  if (stopping_.load(std::memory_order_acquire) || (halted_ && halted_())) {
+    abandoned_ = true;
+  }
+  return abandoned_;
 }
 
 bool SimulatedStream::HasWorkOrStopping() const {
@@ -274,6 +276,7 @@ void SimulatedStream::Run() {
     }
     // Dropped work is destroyed here, outside mu_: its captures may signal
     // others (a fence that will never be reached reports Aborted).
+    if (!abandoned_ && halted_ && halted_()) abandoned_ = true;
     if (!abandoned_) work();
   }
 }

@@ -37,7 +37,10 @@
 // Destroying a stream lets the work already enqueued run, except that the
 // stream gives up at the first event wait that is not satisfied: the wait
 // returns and all work after it is dropped (destroyed without running), so
-// a stream waiting for a peer that died never hangs its owner.
+// a stream waiting for a peer that died never hangs its owner. A stream
+// given a `halted` test stops for good once it holds (the stream of a
+// context that hit a sticky error): the work not yet run is dropped, a wait
+// in progress gives up.
 //
 // Ownership: a stream owns its thread and queued work; work that records
 // or waits on an event holds the event (shared_ptr), so an event may be
@@ -132,13 +135,14 @@ class SimulatedEvent {
   // Completes record `target` if `completed` reached target - 1; true once
   // it covers `target` (GpuEvent::CompleteReserved).
   bool CompleteReserved(uint64_t target);
-
- private:
-  friend class SimulatedStream;
-
-  SimulatedEvent(UniqueFd fd, uint64_t* page);
+  // Raises `completed` to at least `target`, whatever was reached before:
+  // what a stream does when it reaches a record, and what the CPU does for
+  // records no stream will reach (GpuEvent::CompleteIfDeviceFailed).
   void Complete(uint64_t target);
   bool Covers(uint64_t target) const { return completed() >= target; }
+
+ private:
+  SimulatedEvent(UniqueFd fd, uint64_t* page);
 
   // Constant after construction. page_[0] is `recorded`, page_[1]
   // `completed`; only ever accessed through std::atomic_ref.
@@ -148,7 +152,9 @@ class SimulatedEvent {
 
 class SimulatedStream {
  public:
-  SimulatedStream();
+  // `halted` (optional) is asked before each piece of work and while a
+  // wait polls; once it is true the stream runs nothing more.
+  explicit SimulatedStream(std::function<bool()> halted = nullptr);
   // See the file comment: runs what can run, gives up at an unsatisfied
   // event wait, then joins the thread.
   ~SimulatedStream();
@@ -174,7 +180,11 @@ class SimulatedStream {
   void Run();
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(std::shared_ptr<SimulatedEvent> event, uint64_t target, bool after_previous);
+  // Whether a wait in progress gives up: the stream is being destroyed or
+  // halted (then it runs nothing more).
+  bool GivesUp();
 
+  const std::function<bool()> halted_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   // Set (under mu_) by the destructor; read without it by waiting work.

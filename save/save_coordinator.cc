@@ -158,7 +158,7 @@ absl::StatusOr<uint64_t> SaveCoordinator::Submit(
       out->set_device_uuid(r.device_uuid);
       out->set_number(r.number);
     }
-    accepted->set_gpu_only(reserved.gpu_only);
+    accepted->set_stream_wait_suffices(reserved.stream_wait_suffices);
   }
   (*part)->staged = std::move(reserved.records);
   workers_->Post(

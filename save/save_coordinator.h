@@ -79,7 +79,7 @@ class SaveCoordinator {
 
   // Validates and queues this rank's part; returns its save id. With
   // `accepted`, fills in what the trainer's stream may wait for
-  // (SaveResponse.staged_records, gpu_only).
+  // (SaveResponse.staged_records, stream_wait_suffices).
   absl::StatusOr<uint64_t> Submit(const std::shared_ptr<Session>& session,
                                   const v1::SaveRequest& request,
                                   v1::SaveResponse* accepted = nullptr);

@@ -79,6 +79,13 @@ void PeerCopyOut::Abandon() {
     QuarantineRegions(std::move(batch.regions));
     return;
   }
+  // Most often a failed device (its streams run nothing more, so a
+  // trainer's stream waiting for these records would wait for the daemon's
+  // restart): completed from the CPU if so, forgotten once reached if not.
+  for (auto& [event, number] : recorded_staged_) {
+    backend->staged_completer().CompleteIfDeviceFails(std::move(event), number);
+  }
+  recorded_staged_.clear();
   backend->abandoned().Adopt(std::move(batch));
 }
 
@@ -281,6 +288,7 @@ absl::Status PeerCopyOut::RecordStaged() {
       }
       RETURN_IF_ERROR(
           Annotate(recorded, absl::StrCat("record staged event on device ", device)));
+      recorded_staged_.emplace_back(staged, number);
       // The record uses the event page: the batch ends only after it ran.
       q.unfenced = true;
       last_gpu_ticket_ = tickets_;

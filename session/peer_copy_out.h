@@ -128,6 +128,9 @@ class PeerCopyOut final : public CopyOutBatch {
   bool drained_ = false;  // Drain made sure nothing runs any more
   bool drain_failed_ = false;  // Drain could not: do not wait again
   std::vector<StagingLease> kept_buffers_;  // KeepUntilCopiesEnd's
+  // The staged records enqueued on the streams (event, number): if the
+  // copies are abandoned, a device that failed never reaches them.
+  std::vector<std::pair<std::shared_ptr<GpuEvent>, uint64_t>> recorded_staged_;
 };
 
 }  // namespace ckpt

@@ -154,7 +154,7 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
     if (r.has_cuda()) {
       // Opened (and its fields checked) below, under its id.
       add.push_back({r.cuda().address(), r.cuda().length(), /*gpu=*/true,
-                     /*released=*/true});
+                     /*released=*/true, /*snapshot=*/false});
       continue;
     }
     if (!r.has_host()) return absl::InvalidArgumentError("region has no kind");
@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<uint64_t>> Session::RegisterRegions(
       return absl::InvalidArgumentError(absl::StrCat(
           "host region [0x", absl::Hex(a), ", +", n, ") is empty or wraps"));
     }
-    add.push_back({a, n});
+    add.push_back({a, n, /*gpu=*/false, /*released=*/false, r.host().snapshot()});
   }
   // Ids are taken first; CUDA regions stay unusable (released) until their
   // allocations are open, which happens without the session's lock.
@@ -242,11 +242,12 @@ Session::StagedReservation Session::ReserveStaged(const TensorLayout& layout) {
   reservation.records = gpu_.ReserveStaged();
   if (reservation.records.records().empty()) return reservation;
   absl::MutexLock lock(&mu_);
-  reservation.gpu_only = std::all_of(
+  reservation.stream_wait_suffices = std::all_of(
       layout.items.begin(), layout.items.end(),
       [&](const v1::TensorItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         const uint64_t id = item.memory().region_id();
-        return id < regions_.size() && regions_[id].gpu && !regions_[id].released;
+        if (id >= regions_.size() || regions_[id].released) return false;
+        return regions_[id].gpu || regions_[id].snapshot;
       });
   return reservation;
 }

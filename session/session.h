@@ -128,12 +128,14 @@ class Session {
 
   // What a save of `layout` accepted now reserves: a record of each staged
   // event of the session's GPU regions (session/staged_records.h), and
-  // whether every item lies in a GPU region, so that a trainer stream that
-  // waits for those records has every later write ordered after the save's
-  // reads (host items are read by the CPU until the save is STAGED).
+  // whether every item lies in a GPU region or a snapshot host region, so
+  // that a trainer stream that waits for those records has every later
+  // write ordered after the save's reads (the trainer's own host memory is
+  // read by the CPU until the save is STAGED; a snapshot region is written
+  // again only after that, by the client's own wait: v1::HostRegion).
   struct StagedReservation {
     StagedRecords records;
-    bool gpu_only = false;
+    bool stream_wait_suffices = false;
   };
   StagedReservation ReserveStaged(const TensorLayout& layout);
 
@@ -147,6 +149,7 @@ class Session {
     uint64_t address, length;
     bool gpu = false;
     bool released = false;
+    bool snapshot = false;  // host only: v1::HostRegion.snapshot
   };
 
   // Constant after construction.

@@ -17,15 +17,24 @@ StagedCompleter::~StagedCompleter() {
   absl::MutexLock lock(&mu_);
   if (!pending_.empty()) {
     LogWarning("the daemon stops with ", pending_.size(),
-               " staged records of failed saves not completed (their trainers "
+               " staged records of failed saves not reached (their trainers "
                "complete them when they see the daemon exit)");
   }
 }
 
 void StagedCompleter::Complete(std::shared_ptr<GpuEvent> event, uint64_t record) {
-  if (event->CompleteReserved(record)) return;
+  Add({std::move(event), record, /*enqueued=*/false});
+}
+
+void StagedCompleter::CompleteIfDeviceFails(std::shared_ptr<GpuEvent> event,
+                                            uint64_t record) {
+  Add({std::move(event), record, /*enqueued=*/true});
+}
+
+void StagedCompleter::Add(Pending pending) {
+  if (pending.Done()) return;
   absl::MutexLock lock(&mu_);
-  pending_.push_back({std::move(event), record});
+  pending_.push_back(std::move(pending));
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Run(); });
 }
 
@@ -44,7 +53,7 @@ void StagedCompleter::Run() {
     while (progress) {
       progress = false;
       for (size_t i = 0; i < pending_.size();) {
-        if (pending_[i].event->CompleteReserved(pending_[i].record)) {
+        if (pending_[i].Done()) {
           pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
           progress = true;
         } else {

@@ -18,6 +18,13 @@
 // daemon stops are dropped: the trainer completes its staged events itself
 // when the daemon exits (Client::WatchDaemon).
 //
+// A device whose context failed (a sticky CUDA error) runs nothing the
+// daemon enqueued on it, records included: a failed save hands the records
+// it had enqueued there to CompleteIfDeviceFails, and every record of that
+// device's events is completed from the CPU at once, whatever came before
+// (GpuEvent::CompleteIfDeviceFailed), so no trainer's stream waits for the
+// daemon's restart.
+//
 // Thread-safety: safe for concurrent use.
 #pragma once
 
@@ -45,6 +52,10 @@ class StagedCompleter {
   // Completes `record` of `event` now if the record before it was reached,
   // else once it is.
   void Complete(std::shared_ptr<GpuEvent> event, uint64_t record);
+  // `record` of `event` was enqueued on a stream of a save that failed, so
+  // nobody waits for it to be reached: completes it if the event's device
+  // fails before its stream reaches it; forgets it once reached.
+  void CompleteIfDeviceFails(std::shared_ptr<GpuEvent> event, uint64_t record);
   // Records waiting for the one before them.
   size_t pending() const;
 
@@ -52,7 +63,13 @@ class StagedCompleter {
   struct Pending {
     std::shared_ptr<GpuEvent> event;
     uint64_t record = 0;
+    bool enqueued = false;  // CompleteIfDeviceFails's
+    // True once the record is reached (completed here, maybe).
+    bool Done() const {
+      return enqueued ? event->CompleteIfDeviceFailed(record) : event->CompleteReserved(record);
+    }
   };
+  void Add(Pending pending);
   void Run();
 
   static constexpr absl::Duration kPoll = absl::Milliseconds(1);

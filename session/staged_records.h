@@ -3,8 +3,10 @@
 // reaches its number.
 //
 // Why reserve: the trainer's stream must not run its next step's writes
-// before the daemon's copies of the save are enqueued behind the trainer's
-// ready event. Waiting for the daemon to *record* "staged" first would
+// before the daemon's copies of the save have run (they are enqueued
+// behind the trainer's ready event, on the daemon's own streams). A stream
+// wait covers only records already made, so waiting for the daemon to
+// *record* "staged" before making the trainer's stream wait would
 // hold the trainer's CPU for the daemon's enqueue (the part's turn on an
 // I/O worker, a window loop, a reply). With the record's number known when
 // the save call returns (SaveResponse.staged_records), the trainer's
@@ -19,7 +21,10 @@
 // record before it was reached: those of devices the save did not copy
 // from, those of a save that failed, a record that could not be enqueued.
 // The copy batch calls CompleteRest once its copies are enqueued, the save
-// coordinator once the part ended, and the destructor last.
+// coordinator once the part ended, and the destructor last. A record the
+// batch enqueued on a device whose context then failed never runs: the
+// batch hands it to StagedCompleter::CompleteIfDeviceFails when it abandons
+// its copies.
 //
 // Thread-safety: one thread at a time (the save call creates it, then the
 // part's I/O worker uses it).

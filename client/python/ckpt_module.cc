@@ -217,10 +217,11 @@ class PySaveHandle {
   void Cancel() {
     Check(Interruptibly([&](ckpt::CallCanceller* c) { return handle_->Cancel(c); }));
   }
-  // ckpt::SaveHandle::WaitStagedOnStream: for a save of GPU tensors only,
-  // makes `stream` wait for the record the daemon reserved, without a CPU
-  // wait; otherwise blocks until the daemon enqueued its copies (or the
-  // save failed), then makes `stream` wait on its staged event.
+  // ckpt::SaveHandle::WaitStagedOnStream: for a save of GPU tensors (and
+  // snapshot host regions) only, makes `stream` wait for the record the
+  // daemon reserved, without a CPU wait; otherwise blocks until the daemon
+  // enqueued its copies (or the save failed), then makes `stream` wait on
+  // its staged event.
   void WaitStagedOnStream(uint64_t stream) {
     absl::Status status;
     {
@@ -386,9 +387,12 @@ class PyClient {
 
   bool Alive() { return Value(client_->DaemonAlive()); }
 
-  uint64_t RegisterRegion(uint64_t address, uint64_t length) {
+  // `snapshot`: the caller's own copy buffer (Client::RegisterSnapshotRegion).
+  uint64_t RegisterRegion(uint64_t address, uint64_t length, bool snapshot) {
     return Value(Interruptibly([&](ckpt::CallCanceller* c) {
-      return client_->RegisterRegion(reinterpret_cast<const void*>(address), length, c);
+      const void* start = reinterpret_cast<const void*>(address);
+      return snapshot ? client_->RegisterSnapshotRegion(start, length, c)
+                      : client_->RegisterRegion(start, length, c);
     }));
   }
 
@@ -531,7 +535,8 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("socket"), py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("node"), py::arg("local_world_size"), py::arg("local_rank") = py::none(),
            py::arg("gpu") = py::none())
-      .def("register_region", &PyClient::RegisterRegion)
+      .def("register_region", &PyClient::RegisterRegion, py::arg("address"),
+           py::arg("length"), py::arg("snapshot") = false)
       .def("register_gpu_region", &PyClient::RegisterGpuRegion, py::arg("address"),
            py::arg("length"))
       .def("release_regions", &PyClient::ReleaseRegions, py::arg("ids"))

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gpu/simulated_device.h"
@@ -244,6 +245,63 @@ TEST_CASE(
   step_stream.Synchronize();
   CHECK(stepped);
   trainer_stream.Synchronize();
+}
+
+TEST_CASE(
+    "A device whose context failed runs nothing more: a staged record "
+    "enqueued before the failure is never reached by its stream but is "
+    "completed from the CPU, and its fences and later calls report the "
+    "sticky error while the other device keeps working",
+    "[gpu]") {
+  InProcess gpu;
+  SimulatedStream trainer_stream;
+  absl::Notification release;
+  // A save's copies wait behind the trainer's ready event; its staged
+  // record is enqueued after them.
+  BlockedOnReady save(gpu, trainer_stream, release);
+  auto events = gpu.trainer.Events(gpu.region.device_uuid);
+  REQUIRE(events.ok());
+  auto staged = gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
+  REQUIRE(staged.ok());
+  const uint64_t record = (*staged)->ReserveRecord();
+  SimulatedStream step_stream;
+  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, record).ok());
+  std::atomic<bool> stepped{false};
+  step_stream.Enqueue([&stepped] { stepped = true; });
+  REQUIRE((*save.stream)->RecordReserved(**staged, record).ok());
+  // While the device works, an unreached enqueued record is left alone.
+  CHECK_FALSE((*staged)->CompleteIfDeviceFailed(record));
+
+  gpu.device.FailDevice(0, absl::InternalError("injected: illegal address"));
+  release.Notify();  // the trainer's stream reaches its ready event...
+  trainer_stream.Synchronize();
+  // ...but the failed device's stream gives up: no copy, no record.
+  const absl::Status fenced = (*save.fence)->Wait(kPatience);
+  CHECK(fenced.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(fenced.message(), "injected: illegal address"));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(stepped);
+  CHECK((*save.stream)->Fence().status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(gpu.device.CreateStream(0).status().code() == absl::StatusCode::kFailedPrecondition);
+
+  // The record is completed from the CPU, so the trainer's step runs; of
+  // two records reserved after the failure, the second completes at once
+  // though the first was not reached.
+  CHECK((*staged)->CompleteIfDeviceFailed(record));
+  // Polled, not synchronized: a record never completed must fail the test,
+  // not hang it (the stream's destructor gives up on its wait).
+  const absl::Time end = absl::Now() + kPatience;
+  while (!stepped && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+  CHECK(stepped);
+  (void)(*staged)->ReserveRecord();
+  const uint64_t later = (*staged)->ReserveRecord();
+  CHECK((*staged)->CompleteReserved(later));
+
+  auto other = gpu.device.CreateStream(1);
+  REQUIRE(other.ok());
+  auto other_fence = (*other)->Fence();
+  REQUIRE(other_fence.ok());
+  CHECK((*other_fence)->Wait(kPatience).ok());
 }
 
 TEST_CASE(

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,57 @@ TEST_CASE("the daemon copies after the trainer's last queued write, and a "
   rank.Zero();
   REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
   CHECK(rank.Holds(2));
+}
+
+TEST_CASE("a host tensor in a snapshot region keeps the trainer's CPU out "
+          "of the GPU-side STAGED, and one in the trainer's own memory makes "
+          "the CPU wait until the daemon read it",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  const bool snapshot = GENERATE(true, false);
+  INFO(kind << (snapshot ? ", snapshot region" : ", trainer's own memory"));
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  // As in the test above: 64 MiB pool, 96 MiB state, a stream busy for 3 s,
+  // so the daemon enqueues its last copies only after the delay.
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "snapshot", 3, 32, kTensorBytes);
+  rank.AddHostTensor(64 << 10, snapshot);
+  std::vector<uint8_t>& host = rank.host_tensor();
+  std::fill(host.begin(), host.end(), uint8_t{0x5a});
+  rank.Upload(1);
+  REQUIRE(gpu->Synchronize(absl::Minutes(1)).ok());
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(gpu->Delay(absl::Seconds(3)).ok());
+  rank.Upload(2);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-2"), gpu->stream());
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitStagedOnStream(gpu->stream()).ok());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  if (snapshot) {
+    // The stream wait alone orders the step; the client rewrites its own
+    // copy only after the CPU-side STAGED, as it promised.
+    CHECK(waited < std::chrono::milliseconds(2000));
+    REQUIRE((*save)->WaitStaged().ok());
+  } else {
+    // The daemon reads this memory on its CPU until STAGED, and enqueues
+    // the last GPU copies only after the delay: the CPU waited for both.
+    CHECK(waited >= std::chrono::milliseconds(2500));
+  }
+  // The optimizer step: the GPU one behind the stream wait, the host one now.
+  for (int a = 0; a < 3; ++a) {
+    REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
+  }
+  std::fill(host.begin(), host.end(), uint8_t{0xcd});
+  const absl::Status committed = (*save)->WaitCommitted();
+  INFO(committed.ToString());
+  REQUIRE(committed.ok());
+
+  rank.Zero();
+  std::fill(host.begin(), host.end(), uint8_t{0});
+  REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
+  CHECK(rank.Holds(2));
+  CHECK(std::all_of(host.begin(), host.end(), [](uint8_t b) { return b == 0x5a; }));
 }
 
 TEST_CASE("a save that fails after the call still releases the trainer's "

@@ -50,10 +50,24 @@ void GpuTestRank::Register(int a) {
   regions_[a] = *region;
 }
 
+void GpuTestRank::AddHostTensor(uint64_t bytes, bool snapshot) {
+  REQUIRE(host_tensor_.empty());
+  host_tensor_.assign(bytes, 0);
+  auto region = snapshot ? client_->RegisterSnapshotRegion(host_tensor_.data(), bytes)
+                         : client_->RegisterRegion(host_tensor_.data(), bytes);
+  INFO(region.status().ToString());
+  REQUIRE(region.ok());
+  host_region_ = *region;
+  DefineLayout();
+}
+
 void GpuTestRank::DefineLayout() {
   google::protobuf::RepeatedPtrField<v1::TensorItem> items;
   for (size_t a = 0; a < addresses_.size(); ++a) {
     for (int i = 0; i < per_; ++i) *items.Add() = Item(static_cast<int>(a), i);
+  }
+  if (!host_tensor_.empty()) {
+    *items.Add() = HostItem();
   }
   auto layout = client_->DefineLayout(items);
   INFO(layout.status().ToString());
@@ -64,6 +78,10 @@ void GpuTestRank::DefineLayout() {
 v1::TensorItem GpuTestRank::Item(int a, int index) const {
   return MatrixItem(absl::StrCat("model.block", a, ".layer", index, ".weight"),
                     tensor_bytes_, regions_[a], index * tensor_bytes_);
+}
+
+v1::TensorItem GpuTestRank::HostItem() const {
+  return MatrixItem("optimizer.host_state", host_tensor_.size(), host_region_, 0);
 }
 
 void GpuTestRank::UploadAllocation(int a, uint32_t step) {
@@ -125,6 +143,9 @@ v1::LoadRequest GpuTestRank::LoadRequestFor(const std::string& checkpoint) const
   request.set_checkpoint(checkpoint);
   for (size_t a = 0; a < addresses_.size(); ++a) {
     for (int i = 0; i < per_; ++i) *request.add_tensors() = Item(static_cast<int>(a), i);
+  }
+  if (!host_tensor_.empty()) {
+    *request.add_tensors() = HostItem();
   }
   request.add_byte_items("trainer.state");
   return request;

@@ -38,6 +38,13 @@ class GpuTestRank {
   bool Holds(uint32_t step, int allocation = -1);
   // Enqueues zeros over every allocation.
   void Zero();
+  // Adds one float32 tensor of `bytes` in host memory of this process to
+  // the layout (defined again): in the trainer's own memory, or in a
+  // snapshot region (Client::RegisterSnapshotRegion) when `snapshot`.
+  // Later saves and loads include it; host_tensor() is its memory.
+  void AddHostTensor(uint64_t bytes, bool snapshot);
+  std::vector<uint8_t>& host_tensor() { return host_tensor_; }
+
   // Frees allocation `a` and allocates it again without telling the daemon
   // (a save must notice); if the new memory landed elsewhere, re-registers
   // it and defines the layout again, as a trainer whose tensors moved would.
@@ -50,6 +57,7 @@ class GpuTestRank {
   void Register(int allocation);
   void DefineLayout();
   v1::TensorItem Item(int allocation, int index) const;
+  v1::TensorItem HostItem() const;  // AddHostTensor's
 
   TestGpu* const gpu_;
   const std::string job_;
@@ -59,6 +67,8 @@ class GpuTestRank {
   std::vector<uint64_t> addresses_;
   std::vector<uint64_t> regions_;
   uint64_t layout_ = 0;
+  std::vector<uint8_t> host_tensor_;  // empty without AddHostTensor
+  uint64_t host_region_ = 0;
   // Host copies of uploaded patterns, alive until the stream has copied them.
   std::vector<std::vector<uint64_t>> uploads_;
 };

@@ -96,7 +96,10 @@ class TorchApiOnSimulatedGpu(unittest.TestCase):
         regions = c.client._regions
         for t in (w, step):
             storage = t.untyped_storage()
-            self.assertIn((storage.data_ptr(), storage.nbytes(), True), regions)
+            self.assertIn((storage.data_ptr(), storage.nbytes(), True, False), regions)
+        # The small CPU tensor went through the arena, a snapshot region.
+        self.assertTrue(any(not on_gpu and snapshot
+                            for (_, _, on_gpu, snapshot) in regions))
 
         for s in (1, 2):
             self.gpu.delay(1.0)  # queued work the load must wait for
@@ -110,6 +113,53 @@ class TorchApiOnSimulatedGpu(unittest.TestCase):
             self.assertEqual(step.item(), float(s))
             self.assertTrue(torch.equal(host, torch.arange(100, dtype=torch.float64)))
             self.assertEqual(sd["epoch"], s)
+
+    def test_only_cpu_tensors_read_in_place_make_the_cpu_wait_in_the_gpu_side_staged(self):
+        # 96 MiB of GPU tensors through the daemon's 64 MiB pool behind a
+        # stream busy for 3 s: the daemon enqueues its last copies only
+        # after the delay. CPU tensors copied at the call (the small `step`)
+        # and pickled values lie in the checkpointer's own buffers, which
+        # it rewrites only after STAGED: the stream wait alone orders the
+        # step. A CPU tensor read in place is the trainer's own memory,
+        # which the daemon reads on its CPU: the CPU waits for the enqueue.
+        c = self.checkpointer("gpu-snapshot")
+        ws = {f"w{i}": device_tensor(self.gpu, (8 << 20,))[0] for i in range(3)}
+        step = torch.tensor(7.0)
+        big = torch.full((64 << 10,), 3.0)  # 256 KiB: read in place
+        for in_place in (False, True):
+            with self.subTest(in_place=in_place):
+                optim = {"step": step, **({"big": big} if in_place else {})}
+                sd = {"model": ws, "optim": optim, "epoch": 1}
+                c.save(sd, checkpoint_id=f"plan-{in_place}")  # plans, registers
+                values = {n: random_like(w, i) for i, (n, w) in enumerate(ws.items())}
+                self.gpu.synchronize()
+                start = time.monotonic()
+                self.gpu.delay(3.0)
+                for n, w in ws.items():
+                    queue_write(self.gpu, w, values[n])
+                r = c.async_save(sd, checkpoint_id=f"step-{in_place}")
+                r.wait_staged_on_stream()
+                waited = time.monotonic() - start
+                if in_place:
+                    self.assertGreaterEqual(waited, 2.5)
+                else:
+                    self.assertLess(waited, 2.0)
+                # The optimizer step: on the GPU behind the stream wait, on
+                # the CPU at once (the copy of `step` was taken at the call).
+                queue_write(self.gpu, ws["w0"], torch.full_like(ws["w0"], -1.0))
+                step.fill_(-1.0)
+                big.fill_(-1.0)
+                r.upload_completion.result()
+                self.gpu.synchronize()
+                c.load(sd, checkpoint_id=f"step-{in_place}")
+                self.gpu.synchronize()
+                for n, w in ws.items():
+                    self.assertTrue(same_bytes(w, values[n]), n)
+                self.assertEqual(step.item(), 7.0)
+                if in_place:
+                    self.assertTrue(torch.equal(big, torch.full_like(big, 3.0)))
+                else:
+                    big.fill_(3.0)
 
     def test_the_save_holds_the_bytes_of_the_call_whatever_the_stream_runs_before_the_submit(self):
         c = self.checkpointer("gpu-call")

@@ -3,7 +3,9 @@
 // and its buffers and mapping stay out of use only until the copies end:
 // when the trainer's stream gets there after all, or once the trainer
 // exits (a child process stands for it). Copies that still do not end,
-// or that failed, are kept for good.
+// or that failed, are kept for good. A save whose device failed (a sticky
+// error) while its copies waited has the staged record it enqueued
+// completed from the CPU, so the trainer's stream goes on.
 #include "session/abandoned_copies.h"
 
 #include <signal.h>
@@ -11,18 +13,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gpu/simulated_device.h"
 #include "gpu/simulated_test_support.h"
 #include "session/gpu_regions_fixture.h"
 #include "session/peer_copy_out.h"
+#include "session/staged_records.h"
 
 namespace ckpt {
 namespace {
@@ -132,6 +137,58 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   // The copy ran before its buffer went back, from the allocation the
   // mapping kept alive.
   CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
+}
+
+TEST_CASE("a save whose device fails while its copies wait has the staged "
+          "record it enqueued completed from the CPU, so the trainer's stream "
+          "goes on",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;
+  const uint64_t a = f.Allocate(Pattern(kRegionBytes, 1));
+  f.Register(1, a);
+  absl::Notification stuck_step_ends;
+  const absl::Cleanup end_stuck_step = [&] {
+    if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
+  };
+  f.trainer_stream.Enqueue([&] { stuck_step_ends.WaitForNotification(); });
+  f.RecordReady();
+  // The save is accepted: its staged record is reserved, and the trainer's
+  // next step waits for it on the GPU.
+  StagedRecords staged = f.regions->ReserveStaged();
+  REQUIRE(staged.records().size() == 1);
+  SimulatedStream step_stream;
+  REQUIRE(f.trainer
+              .WaitStagedRecord(SimulatedDeviceUuid(0), &step_stream,
+                                staged.records()[0].number)
+              .ok());
+  std::atomic<bool> stepped{false};
+  step_stream.Enqueue([&stepped] { stepped = true; });
+
+  StagingLease lease = f.Buffer();
+  auto batch = std::make_unique<PeerCopyOut>(/*host=*/nullptr, f.regions.get(),
+                                             trainer.pidfd(), trainer.pid(), &staged);
+  absl::StatusOr<uint64_t> ticket =
+      batch->Enqueue(std::vector<CopySpan>{{a, lease.data(), kSpan}});
+  REQUIRE(ticket.ok());
+  REQUIRE(batch->AllEnqueued().ok());  // the record, behind the copy
+  static_cast<SimulatedDevice*>(f.backend->device())
+      ->FailDevice(0, absl::InternalError("injected: illegal address"));
+  const absl::Status waited = batch->Wait(*ticket);
+  CHECK(absl::IsFailedPrecondition(waited));
+  CHECK(absl::StrContains(waited.message(), "injected: illegal address"));
+  CHECK_FALSE(batch->Drain().ok());
+  std::vector<StagingLease> buffers;
+  buffers.push_back(std::move(lease));
+  batch->KeepUntilCopiesEnd(std::move(buffers));
+  batch.reset();
+
+  // The device's stream will never reach the record; the trainer's stream
+  // goes on all the same, with the trainer's own stream still stuck.
+  CHECK(Eventually([&] { return stepped.load(); }));
+  CHECK(Eventually([&] { return f.backend->staged_completer().pending() == 0; }));
+  // Whether the failed copies wrote their buffer is not known: kept.
+  CHECK(f.backend->abandoned().kept_for_good() == 1);
 }
 
 // Enqueues one D2H copy of the trainer's region 1 into a pool buffer on a

@@ -27,7 +27,9 @@ waits on the CPU until every byte is copied out; `wait_staged_on_stream()`
 makes the stream wait for the copies, so the optimizer step queued next runs
 after them and the CPU goes on (the GPU-side STAGED): at once when every
 saved tensor is a GPU tensor, otherwise once the daemon has queued its
-copies and read the host tensors. A load waits for the stream first, then writes the
+copies and read the host tensors (this API reads every tensor in place;
+ckptd.torch copies small CPU tensors into snapshot buffers, which keep
+the CPU out of the wait). A load waits for the stream first, then writes the
 tensors. `Client(gpu=ckptd._ckpt.SimulatedGpu())` puts the GPU path on the
 simulated device instead (a daemon with --gpu=simulated): arrays or CPU
 tensors over its memory (SimulatedGpu.allocate) then stand for CUDA
@@ -147,7 +149,8 @@ class SaveHandle:
         recorded on) wait for the daemon's copies of this rank's GPU tensors,
         so work queued there next runs after them. When every saved tensor
         is a GPU tensor this does not wait on the CPU (a failed save shows in
-        wait_committed); otherwise it returns once the daemon has queued the
+        wait_committed); otherwise (host tensors, read in place) it returns
+        once the daemon has queued the
         copies (with a staging pool smaller than the state, once the part
         that does not fit went to storage) and copied the host tensors out. The tensors stay referenced until wait_staged or
         wait_committed: their memory must not be freed before the copies
@@ -186,7 +189,7 @@ class Client:
         self._client = _ckpt.Client(*self._connect_args)
         # Counts connections: ids (regions, layouts) of an older one are void.
         self.generation = 0
-        self._regions = {}  # (address, length) -> region id
+        self._regions = {}  # (address, length, on_gpu, snapshot) -> region id
         self._layouts = {}  # items key -> layout id
 
     def _connection(self):
@@ -265,16 +268,24 @@ class Client:
         """This job's checkpoints: {checkpoint, committed, latest, total_bytes}."""
         return self._connection().list()
 
-    def _region(self, address: int, length: int, on_gpu: bool = False) -> int:
-        region = self._regions.get((address, length, on_gpu))
+    def _region(self, address: int, length: int, on_gpu: bool = False,
+                snapshot: bool = False) -> int:
+        """The region id of this memory, registered once. `snapshot`: host
+        memory that is the caller's own copy for a save, written again only
+        after that save is STAGED (libckpt's RegisterSnapshotRegion); the
+        flag is part of the key, so memory freed and reused as a trainer's
+        tensor never inherits it."""
+        key = (address, length, on_gpu, snapshot)
+        region = self._regions.get(key)
         if region is None:
             if on_gpu:
                 # libckpt keeps it current: a save re-registers memory the
                 # allocator freed and allocated again at the same address.
                 region = self._client.register_gpu_region(address, length)
             else:
-                region = self._client.register_region(address, max(length, 1))
-            self._regions[(address, length, on_gpu)] = region
+                region = self._client.register_region(address, max(length, 1),
+                                                      snapshot=snapshot)
+            self._regions[key] = region
         return region
 
     def _items(self, state_dict: Mapping[str, Any], replicas, gpu_tensors: list) -> list:

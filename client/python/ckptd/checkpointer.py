@@ -367,7 +367,7 @@ class Checkpointer:
             elif e.replicas is None:
                 structure[fqn] = ("tensor", DTYPE_NAMES[str(e.local.dtype)], tuple(e.local.shape))
             if fqn not in aliases and memory.numel() != 0:
-                items.append(self._memory_item(fqn, memory))
+                items.append(self._memory_item(fqn, memory, snapshot=fqn in dest))
                 gpu_items += memory_on_gpu
                 items[-1].update(global_shape=list(e.global_shape), offsets=list(e.offsets),
                                  replicas=None if e.replicas is None
@@ -480,7 +480,9 @@ class Checkpointer:
         return plan.index_bytes
 
     def _buffer_item(self, fqn: str, buf, replicas) -> dict:
-        region = self.client._region(buf.ctypes.data, buf.nbytes)
+        # A snapshot region: the buffer is written again only once this
+        # save is STAGED (step 1 of the next save waits for that).
+        region = self.client._region(buf.ctypes.data, buf.nbytes, snapshot=True)
         return {"fqn": fqn, "dtype": "U8", "global_shape": [buf.size], "offsets": [0],
                 "local_shape": [buf.size], "region": region, "offset": 0,
                 "length": buf.nbytes, "replicas": sorted(set(replicas)),
@@ -493,12 +495,18 @@ class Checkpointer:
         storage = t.untyped_storage()
         return self._memory.holds(t, storage.data_ptr(), storage.nbytes())
 
-    def _memory_item(self, fqn: str, t: torch.Tensor) -> dict:
+    def _memory_item(self, fqn: str, t: torch.Tensor, snapshot: bool = False) -> dict:
         """The item of contiguous `t`, its memory named by its storage (a
-        GPU region for GPU memory)."""
+        GPU region for GPU memory). `snapshot`: `t` is one of this
+        checkpointer's copy buffers, written again only once the save that
+        reads it is STAGED (step 1 of the next save waits for that), so
+        host memory is registered as a snapshot region (the trainer's
+        stream wait alone then stands for STAGED: ckptd.SaveHandle)."""
         storage = t.untyped_storage()
         base = storage.data_ptr()
-        region = self.client._region(base, storage.nbytes(), self._on_gpu(t))
+        on_gpu = self._on_gpu(t)
+        region = self.client._region(base, storage.nbytes(), on_gpu,
+                                     snapshot=snapshot and not on_gpu)
         return {"fqn": fqn, "dtype": DTYPE_NAMES[str(t.dtype)],
                 "local_shape": list(t.shape), "region": region,
                 "offset": t.data_ptr() - base, "length": t.numel() * t.element_size()}

@@ -9,8 +9,11 @@
   tensors (ckptd.SaveHandle's): it makes the stream the save was called on
   (or `stream`) wait for the daemon's copies of this rank's GPU tensors, so
   the optimizer step queued next runs after them while the CPU goes on (at
-  once for a save of GPU tensors only; with CPU tensors too, once the
-  daemon has queued its copies). It waits on the CPU for the
+  once when the save's CPU tensors, if any, went through the
+  checkpointer's copy buffers, as small ones such as AdamW's `step` do:
+  those are snapshot regions, rewritten only after STAGED; with a CPU
+  tensor read in place, once the daemon has queued its copies and read
+  it). It waits on the CPU for the
   submit thread to have handed the save over (normally long done by the
   optimizer step). Call it before queuing any write to a saved tensor: the
   optimizer step, and a forward pass that updates saved buffers
@@ -76,10 +79,11 @@ class AsyncSaveResponse:
 
     def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
         """The GPU-side STAGED (the module comment). For a save of CUDA
-        tensors only the CPU waits for nothing but the hand-over, and a
-        failure shows in upload_completion; with CPU tensors too it waits
-        until the daemon queued its copies, and raises the save's error if
-        it failed before."""
+        tensors and copied CPU tensors and values only, the CPU waits for
+        nothing but the hand-over, and a failure shows in
+        upload_completion; with a CPU tensor read in place it waits until
+        the daemon queued its copies, and raises the save's error if it
+        failed before."""
         self._handed_over.wait()
         handle = self._handle
         if handle is None or self._stream is None:
