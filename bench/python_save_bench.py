@@ -13,7 +13,14 @@ tensors of 16 KiB (16 MiB; the save call does not depend on the bytes):
     its own storage, in 4 allocations): the call with its ready event,
     and the trainer's CPU blocked until the GPU-side STAGED
     (wait_staged_on_stream) returns. The copies are memcpy on the
-    simulated streams, so only the CPU work of the path is real.
+    simulated streams, so only the CPU work of the path is real;
+  - the same with a non-fused AdamW's host state beside it (a CPU `step`
+    scalar per tensor, copied at the call into the package's buffers, and
+    an `epoch` value): once as the package registers those buffers
+    (snapshot regions: the GPU-side STAGED stays a stream wait), and once
+    with them registered as the trainer's own memory, as the package did
+    before snapshot regions (the CPU waits for the daemon's enqueue and its
+    read of them).
 
 Each Python save is timed around the call alone (perf_counter_ns), and to
 its STAGED (staging_completion: the daemon accepted the save and copied
@@ -115,6 +122,23 @@ def time_saves(name, save, saves, on_stream=False):
     return figures
 
 
+def with_host_optimizer_state(state):
+    """`state` plus a non-fused AdamW's host state: a CPU `step` scalar per
+    tensor, and an `epoch` value."""
+    import torch
+    steps = {name: {"step": torch.tensor(1.0)} for name in state["model"]}
+    return {"model": state["model"], "optim": {"state": steps}, "epoch": 1}
+
+
+def without_snapshot_regions(checkpointer):
+    """Makes `checkpointer` register its copy buffers as the trainer's own
+    memory, as the package did before snapshot regions."""
+    region = checkpointer.client._region
+    checkpointer.client._region = (
+        lambda address, length, on_gpu=False, snapshot=False: region(address, length, on_gpu))
+    return checkpointer
+
+
 def simulated_gpu_state(gpu):
     """TENSORS float32 tensors of SHAPE in memory of a SimulatedGpu, each
     over its own storage (as CUDA tensors of a model are), in 4
@@ -196,8 +220,18 @@ def main():
                                   lambda c: low_gpu.async_save(on_gpu, checkpoint_id=c),
                                   args.saves, on_stream=True))
         print(json.dumps(results[-1]), flush=True)
+        mixed = with_host_optimizer_state(on_gpu)
+        for name, checkpointer in (
+                ("snapshot_buffers", Checkpointer("gpu-host", socket=socket, gpu=gpu)),
+                ("buffers_as_trainer_memory",
+                 without_snapshot_regions(Checkpointer("gpu-host-old", socket=socket, gpu=gpu)))):
+            results.append(time_saves(
+                f"python_checkpointer_async_save_simulated_gpu_host_state_{name}",
+                lambda c, k=checkpointer: k.async_save(mixed, checkpoint_id=c),
+                args.saves, on_stream=True))
+            print(json.dumps(results[-1]), flush=True)
         gpu.synchronize()
-        del on_gpu, low_gpu
+        del on_gpu, low_gpu, mixed
 
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
