@@ -1,12 +1,15 @@
 // The fixtures shared by SimulatedDevice's tests
 // (simulated_device_{mapping,ordering,copies}_test.cc): the size of the
 // cross-process tests' allocations, a trainer in this process beside the
-// daemon's device (InProcess), and a daemon stream fenced behind the
-// trainer's ready event (BlockedOnReady).
+// daemon's device (InProcess), a daemon stream fenced behind the
+// trainer's ready event (BlockedOnReady), the daemon's opening of the
+// trainer's staged event (OpenStaged) and the trainer's next step queued
+// behind a staged record (StepAfterStaged).
 //
 // Thread-safety: none; one test case owns each object.
 #pragma once
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <memory>
@@ -15,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gpu/gpu_device.h"
 #include "gpu/simulated_device.h"
 #include "gpu/simulated_runtime.h"
@@ -72,6 +76,36 @@ struct BlockedOnReady {
     REQUIRE((*stream)->WaitEvent(**ready).ok());
     fence = (*stream)->Fence();
     REQUIRE(fence.ok());
+  }
+};
+
+// The daemon's opening of the trainer's "staged" event of device 0.
+inline std::shared_ptr<GpuEvent> OpenStaged(InProcess& gpu) {
+  auto events = gpu.trainer.Events(gpu.region.device_uuid);
+  REQUIRE(events.ok());
+  absl::StatusOr<std::unique_ptr<GpuEvent>> staged =
+      gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
+  REQUIRE(staged.ok());
+  return *std::move(staged);
+}
+
+// The trainer's next step, queued on a stream of its own behind a wait for
+// staged record `record` (enqueued at once: no CPU wait).
+struct StepAfterStaged {
+  SimulatedStream stream;
+  std::atomic<bool> stepped{false};
+
+  StepAfterStaged(InProcess& gpu, uint64_t record) {
+    REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &stream, record).ok());
+    stream.Enqueue([this] { stepped = true; });
+  }
+  // Whether the step ran within kPatience. Polled, not synchronized: a
+  // record never reached fails the test instead of hanging it (the
+  // stream's destructor gives up on its wait).
+  bool Ran() {
+    const absl::Time end = absl::Now() + kPatience;
+    while (!stepped && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+    return stepped;
   }
 };
 

@@ -43,12 +43,14 @@ using ::ckpt::testing::InProcess;
 using ::ckpt::testing::kBytes;
 using ::ckpt::testing::kPatience;
 using ::ckpt::testing::Mismatch;
+using ::ckpt::testing::OpenStaged;
 using ::ckpt::testing::Pattern;
 using ::ckpt::testing::PiecesOf;
 using ::ckpt::testing::RecvPod;
 using ::ckpt::testing::RegisteredBuffer;
 using ::ckpt::testing::SendRegion;
 using ::ckpt::testing::Signal;
+using ::ckpt::testing::StepAfterStaged;
 using ::ckpt::testing::TakeOwnFd;
 using ::ckpt::testing::TrainerChild;
 using ::ckpt::testing::WireRegion;
@@ -204,46 +206,38 @@ TEST_CASE(
   absl::Notification release;
   // The first save's stream: its copies wait behind the trainer's ready.
   BlockedOnReady first_save(gpu, trainer_stream, release);
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  auto staged = gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
-  REQUIRE(staged.ok());
+  std::shared_ptr<GpuEvent> staged = OpenStaged(gpu);
   // Three saves accepted before any copy is enqueued.
-  const uint64_t first = (*staged)->ReserveRecord();
-  const uint64_t second = (*staged)->ReserveRecord();
-  const uint64_t third = (*staged)->ReserveRecord();
+  const uint64_t first = staged->ReserveRecord();
+  const uint64_t second = staged->ReserveRecord();
+  const uint64_t third = staged->ReserveRecord();
   CHECK(second == first + 1);
   CHECK(third == second + 1);
-  // The trainer's step after the second save waits for exactly its record,
-  // enqueued at once (no CPU wait for the daemon).
-  SimulatedStream step_stream;
-  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, second).ok());
-  std::atomic<bool> stepped{false};
-  step_stream.Enqueue([&stepped] { stepped = true; });
+  // The trainer's step after the second save waits for exactly its record.
+  StepAfterStaged step(gpu, second);
   // The second save failed before its copies: its record cannot be
   // completed while the first's is pending.
-  CHECK_FALSE((*staged)->CompleteReserved(second));
-  REQUIRE((*first_save.stream)->RecordReserved(**staged, first).ok());
+  CHECK_FALSE(staged->CompleteReserved(second));
+  REQUIRE((*first_save.stream)->RecordReserved(*staged, first).ok());
   // The third save's record, on a stream of its own with nothing before it.
   auto third_save = gpu.device.CreateStream(0);
   REQUIRE(third_save.ok());
-  REQUIRE((*third_save)->RecordReserved(**staged, third).ok());
+  REQUIRE((*third_save)->RecordReserved(*staged, third).ok());
   auto third_fence = (*third_save)->Fence();
   REQUIRE(third_fence.ok());
   absl::SleepFor(absl::Milliseconds(100));
-  CHECK_FALSE(stepped);
-  CHECK_FALSE((*staged)->CompleteReserved(second));
+  CHECK_FALSE(step.stepped);
+  CHECK_FALSE(staged->CompleteReserved(second));
   CHECK_FALSE(*(*third_fence)->Ready());
 
   release.Notify();  // the first save's copies run, then its record
   const absl::Time end = absl::Now() + kPatience;
-  while (!(*staged)->CompleteReserved(second) && absl::Now() < end) {
+  while (!staged->CompleteReserved(second) && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  CHECK((*staged)->CompleteReserved(second));
+  CHECK(staged->CompleteReserved(second));
   REQUIRE((*third_fence)->Wait(kPatience).ok());
-  step_stream.Synchronize();
-  CHECK(stepped);
+  CHECK(step.Ran());
   trainer_stream.Synchronize();
 }
 
@@ -259,18 +253,12 @@ TEST_CASE(
   // A save's copies wait behind the trainer's ready event; its staged
   // record is enqueued after them.
   BlockedOnReady save(gpu, trainer_stream, release);
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  auto staged = gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
-  REQUIRE(staged.ok());
-  const uint64_t record = (*staged)->ReserveRecord();
-  SimulatedStream step_stream;
-  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, record).ok());
-  std::atomic<bool> stepped{false};
-  step_stream.Enqueue([&stepped] { stepped = true; });
-  REQUIRE((*save.stream)->RecordReserved(**staged, record).ok());
+  std::shared_ptr<GpuEvent> staged = OpenStaged(gpu);
+  const uint64_t record = staged->ReserveRecord();
+  StepAfterStaged step(gpu, record);
+  REQUIRE((*save.stream)->RecordReserved(*staged, record).ok());
   // While the device works, an unreached enqueued record is left alone.
-  CHECK_FALSE((*staged)->CompleteIfDeviceFailed(record));
+  CHECK_FALSE(staged->CompleteIfDeviceFailed(record));
 
   gpu.device.FailDevice(0, absl::InternalError("injected: illegal address"));
   release.Notify();  // the trainer's stream reaches its ready event...
@@ -280,22 +268,18 @@ TEST_CASE(
   CHECK(fenced.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(absl::StrContains(fenced.message(), "injected: illegal address"));
   absl::SleepFor(absl::Milliseconds(50));
-  CHECK_FALSE(stepped);
+  CHECK_FALSE(step.stepped);
   CHECK((*save.stream)->Fence().status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(gpu.device.CreateStream(0).status().code() == absl::StatusCode::kFailedPrecondition);
 
   // The record is completed from the CPU, so the trainer's step runs; of
   // two records reserved after the failure, the second completes at once
   // though the first was not reached.
-  CHECK((*staged)->CompleteIfDeviceFailed(record));
-  // Polled, not synchronized: a record never completed must fail the test,
-  // not hang it (the stream's destructor gives up on its wait).
-  const absl::Time end = absl::Now() + kPatience;
-  while (!stepped && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
-  CHECK(stepped);
-  (void)(*staged)->ReserveRecord();
-  const uint64_t later = (*staged)->ReserveRecord();
-  CHECK((*staged)->CompleteReserved(later));
+  CHECK(staged->CompleteIfDeviceFailed(record));
+  CHECK(step.Ran());
+  (void)staged->ReserveRecord();
+  const uint64_t later = staged->ReserveRecord();
+  CHECK(staged->CompleteReserved(later));
 
   auto other = gpu.device.CreateStream(1);
   REQUIRE(other.ok());

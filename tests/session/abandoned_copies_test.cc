@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -65,6 +64,26 @@ class ChildTrainer {
   UniqueFd pidfd_;
 };
 
+// The trainer's stream stuck short of its ready event (a step hung in a
+// collective) until End(), which the destructor calls: on every path, a
+// failed REQUIRE included, the step ends before the fixture's stream must
+// drain.
+class StuckStep {
+ public:
+  explicit StuckStep(GpuRegionsFixture& f) {
+    f.trainer_stream.Enqueue([ends = ends_] { ends->WaitForNotification(); });
+  }
+  ~StuckStep() { End(); }
+  void End() {
+    if (!ends_->HasBeenNotified()) ends_->Notify();
+  }
+
+ private:
+  // Shared with the stream's work, which may still be returning from its
+  // wait when this object goes.
+  const std::shared_ptr<absl::Notification> ends_ = std::make_shared<absl::Notification>();
+};
+
 // Waits up to 10 s for `done`.
 template <typename Done>
 bool Eventually(Done done) {
@@ -85,13 +104,7 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   f.Register(1, a);
   // The trainer's stream is stuck before its ready event (a step hung in a
   // collective).
-  absl::Notification stuck_step_ends;
-  // Ends the step on every path, a failed REQUIRE included: the fixture's
-  // stream must drain before the fixture goes.
-  const absl::Cleanup end_stuck_step = [&] {
-    if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
-  };
-  f.trainer_stream.Enqueue([&] { stuck_step_ends.WaitForNotification(); });
+  StuckStep stuck_step(f);
   f.RecordReady();
 
   std::weak_ptr<GpuMapping> mapping;
@@ -124,7 +137,7 @@ TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
   CHECK_FALSE(mapping.expired());
 
   SECTION("the trainer's stream gets there after all") {
-    stuck_step_ends.Notify();
+    stuck_step.End();
   }
   SECTION("the trainer exits") {
     trainer.Kill();
@@ -147,11 +160,7 @@ TEST_CASE("a save whose device fails while its copies wait has the staged "
   ChildTrainer trainer;
   const uint64_t a = f.Allocate(Pattern(kRegionBytes, 1));
   f.Register(1, a);
-  absl::Notification stuck_step_ends;
-  const absl::Cleanup end_stuck_step = [&] {
-    if (!stuck_step_ends.HasBeenNotified()) stuck_step_ends.Notify();
-  };
-  f.trainer_stream.Enqueue([&] { stuck_step_ends.WaitForNotification(); });
+  StuckStep stuck_step(f);
   f.RecordReady();
   // The save is accepted: its staged record is reserved, and the trainer's
   // next step waits for it on the GPU.

@@ -24,27 +24,29 @@ namespace {
 
 using ::ckpt::testing::InProcess;
 using ::ckpt::testing::kPatience;
-using ::ckpt::testing::TakeOwnFd;
+using ::ckpt::testing::OpenStaged;
+using ::ckpt::testing::StepAfterStaged;
+
+// Whether `completer` holds `pending` records within kPatience.
+bool PendingBecomes(const StagedCompleter& completer, size_t pending) {
+  const absl::Time end = absl::Now() + kPatience;
+  while (completer.pending() != pending && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return completer.pending() == pending;
+}
 
 TEST_CASE("StagedCompleter completes a failed save's staged record only once the "
           "record before it was reached, then in order",
           "[gpu][session]") {
   InProcess gpu;
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  absl::StatusOr<std::unique_ptr<GpuEvent>> opened =
-      gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
-  REQUIRE(opened.ok());
-  std::shared_ptr<GpuEvent> staged = *std::move(opened);
+  std::shared_ptr<GpuEvent> staged = OpenStaged(gpu);
   // Three saves accepted; the first one's copies are still running.
   const uint64_t first = staged->ReserveRecord();
   const uint64_t second = staged->ReserveRecord();
   const uint64_t third = staged->ReserveRecord();
   // The trainer's step after the third save.
-  SimulatedStream step_stream;
-  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, third).ok());
-  std::atomic<bool> stepped{false};
-  step_stream.Enqueue([&stepped] { stepped = true; });
+  StepAfterStaged step(gpu, third);
 
   StagedCompleter completer;
   // The second and third saves failed.
@@ -54,16 +56,13 @@ TEST_CASE("StagedCompleter completes a failed save's staged record only once the
   absl::SleepFor(absl::Milliseconds(50));
   CHECK(completer.pending() == 2);
   CHECK_FALSE(staged->CompleteReserved(second));
-  CHECK_FALSE(stepped);
+  CHECK_FALSE(step.stepped);
 
   // The first save's record is reached (its stream wrote it).
   REQUIRE(staged->CompleteReserved(first));
-  const absl::Time end = absl::Now() + kPatience;
-  while (completer.pending() > 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
-  CHECK(completer.pending() == 0);
+  CHECK(PendingBecomes(completer, 0));
   CHECK(staged->CompleteReserved(third));
-  step_stream.Synchronize();
-  CHECK(stepped);
+  CHECK(step.Ran());
 
   // A record whose predecessor was reached completes in the call.
   const uint64_t fourth = staged->ReserveRecord();
@@ -76,19 +75,7 @@ TEST_CASE("StagedCompleter leaves an enqueued record of a failed save to its "
           "stream while the device works, and completes it once the device failed",
           "[gpu][session]") {
   InProcess gpu;
-  auto events = gpu.trainer.Events(gpu.region.device_uuid);
-  REQUIRE(events.ok());
-  absl::StatusOr<std::unique_ptr<GpuEvent>> opened =
-      gpu.device.OpenEvent(0, events->staged, TakeOwnFd);
-  REQUIRE(opened.ok());
-  std::shared_ptr<GpuEvent> staged = *std::move(opened);
-  auto wait_for = [](const StagedCompleter& completer, size_t pending) {
-    const absl::Time end = absl::Now() + kPatience;
-    while (completer.pending() != pending && absl::Now() < end) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return completer.pending() == pending;
-  };
+  std::shared_ptr<GpuEvent> staged = OpenStaged(gpu);
   StagedCompleter completer;
 
   // Reached by its stream (the stand-in: the record before it reached, the
@@ -99,28 +86,21 @@ TEST_CASE("StagedCompleter leaves an enqueued record of a failed save to its "
   absl::SleepFor(absl::Milliseconds(20));
   CHECK(completer.pending() == 1);
   REQUIRE(staged->CompleteReserved(first));
-  CHECK(wait_for(completer, 0));
+  CHECK(PendingBecomes(completer, 0));
 
   // Two saves; the first's record was enqueued on a stream whose copies
   // wait, and the device fails before they run.
   const uint64_t second = staged->ReserveRecord();
   const uint64_t third = staged->ReserveRecord();
-  SimulatedStream step_stream;
-  REQUIRE(gpu.trainer.WaitStagedRecord(gpu.region.device_uuid, &step_stream, third).ok());
-  std::atomic<bool> stepped{false};
-  step_stream.Enqueue([&stepped] { stepped = true; });
+  StepAfterStaged step(gpu, third);
   completer.CompleteIfDeviceFails(staged, second);
   completer.Complete(staged, third);
   absl::SleepFor(absl::Milliseconds(20));
   CHECK(completer.pending() == 2);
-  CHECK_FALSE(stepped);
+  CHECK_FALSE(step.stepped);
   gpu.device.FailDevice(0, absl::InternalError("injected: ECC error"));
-  CHECK(wait_for(completer, 0));
-  // Polled, not synchronized: a record never completed must fail the test,
-  // not hang it (the stream's destructor gives up on its wait).
-  const absl::Time end = absl::Now() + kPatience;
-  while (!stepped && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
-  CHECK(stepped);
+  CHECK(PendingBecomes(completer, 0));
+  CHECK(step.Ran());
 }
 
 }  // namespace
