@@ -15,12 +15,12 @@ tensors of 16 KiB (16 MiB; the save call does not depend on the bytes):
     (wait_staged_on_stream) returns. The copies are memcpy on the
     simulated streams, so only the CPU work of the path is real;
   - the same with a non-fused AdamW's host state beside it (a CPU `step`
-    scalar per tensor, copied at the call into the package's buffers, and
-    an `epoch` value): once as the package registers those buffers
-    (snapshot regions: the GPU-side STAGED stays a stream wait), and once
-    with them registered as the trainer's own memory, as the package did
-    before snapshot regions (the CPU waits for the daemon's enqueue and its
-    read of them).
+    scalar per tensor, copied at the call into the package's snapshot
+    buffers, and an `epoch` value);
+  - both once as the package saves them (the stream waits for a relay
+    record reserved at the call: no CPU wait for the submit thread's
+    hand-over) and once without the relay, as before it (the CPU waits
+    for the hand-over, then the stream for the daemon's staged record).
 
 Each Python save is timed around the call alone (perf_counter_ns), and to
 its STAGED (staging_completion: the daemon accepted the save and copied
@@ -130,12 +130,17 @@ def with_host_optimizer_state(state):
     return {"model": state["model"], "optim": {"state": steps}, "epoch": 1}
 
 
-def without_snapshot_regions(checkpointer):
-    """Makes `checkpointer` register its copy buffers as the trainer's own
-    memory, as the package did before snapshot regions."""
-    region = checkpointer.client._region
-    checkpointer.client._region = (
-        lambda address, length, on_gpu=False, snapshot=False: region(address, length, on_gpu))
+def without_relay(checkpointer):
+    """Makes `checkpointer` plan its saves without a relay, as the package
+    did before relays: wait_staged_on_stream() then waits on the CPU for
+    the submit thread to hand the save over."""
+    new_plan = checkpointer._new_plan
+
+    def planned(state_dict):
+        plan, keep, values = new_plan(state_dict)
+        plan.relay = False
+        return plan, keep, values
+    checkpointer._new_plan = planned
     return checkpointer
 
 
@@ -215,23 +220,20 @@ def main():
 
         gpu = ckptd._ckpt.SimulatedGpu()
         on_gpu = simulated_gpu_state(gpu)
-        low_gpu = Checkpointer("gpu", socket=socket, gpu=gpu)
-        results.append(time_saves("python_checkpointer_async_save_simulated_gpu",
-                                  lambda c: low_gpu.async_save(on_gpu, checkpoint_id=c),
-                                  args.saves, on_stream=True))
-        print(json.dumps(results[-1]), flush=True)
         mixed = with_host_optimizer_state(on_gpu)
-        for name, checkpointer in (
-                ("snapshot_buffers", Checkpointer("gpu-host", socket=socket, gpu=gpu)),
-                ("buffers_as_trainer_memory",
-                 without_snapshot_regions(Checkpointer("gpu-host-old", socket=socket, gpu=gpu)))):
-            results.append(time_saves(
-                f"python_checkpointer_async_save_simulated_gpu_host_state_{name}",
-                lambda c, k=checkpointer: k.async_save(mixed, checkpoint_id=c),
-                args.saves, on_stream=True))
-            print(json.dumps(results[-1]), flush=True)
+        for state_name, state in (("", on_gpu), ("_host_state", mixed)):
+            for relay_name, relay in (("", True), ("_without_relay", False)):
+                job = f"gpu{state_name}{relay_name}"
+                checkpointer = Checkpointer(job, socket=socket, gpu=gpu)
+                if not relay:
+                    without_relay(checkpointer)
+                results.append(time_saves(
+                    f"python_checkpointer_async_save_simulated_gpu{state_name}{relay_name}",
+                    lambda c, k=checkpointer, s=state: k.async_save(s, checkpoint_id=c),
+                    args.saves, on_stream=True))
+                print(json.dumps(results[-1]), flush=True)
         gpu.synchronize()
-        del on_gpu, low_gpu, mixed
+        del on_gpu, mixed
 
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor

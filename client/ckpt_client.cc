@@ -554,6 +554,19 @@ absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
 }
 absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); }
 
+TrainerGpu::StagedWait SaveHandle::RelayAfter(const std::string& uuid) {
+  using Kind = TrainerGpu::StagedWait::Kind;
+  for (size_t i = 0; i < gpu_devices_.size(); ++i) {
+    if (gpu_devices_[i] != uuid) continue;
+    if (!stream_wait_records_.empty()) return {Kind::kRecord, stream_wait_records_[i]};
+    // Either way the most recent record then covers this save's copies
+    // (a failed save's are over). Its error shows in WaitCommitted.
+    (void)WaitFor(v1::PHASE_STAGED, /*enqueued=*/true);
+    return {Kind::kLatest, 0};
+  }
+  return {Kind::kNone, 0};
+}
+
 v1::SaveProgress SaveHandle::progress() {
   StartFollowing();
   absl::MutexLock lock(&mu_);

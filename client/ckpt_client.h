@@ -17,6 +17,16 @@
 // another thread (ckptd.torch: the save call, then its submit thread)
 // records the ready event at that moment with RecordReady(stream), then
 // submits with Save(request, stream, canceller, GpuReady::kRecordedBefore).
+// Its stream can wait for STAGED before the save is submitted, through a
+// relay (client/staged_relay.h):
+//
+//   (*client)->RecordReady(stream);                 // the save call
+//   auto relay = (*client)->ReserveRelay();
+//   (*relay)->WaitOnStream(stream);                 // the CPU goes on
+//   ... on the submit thread:
+//   auto save = (*client)->Save(request, stream, nullptr,
+//                               ckpt::Client::GpuReady::kRecordedBefore);
+//   (*relay)->PassOn(save.ok() ? save->get() : nullptr);
 //
 // Before freeing GPU memory under a region, release the region
 // (ReleaseRegions): the daemon keeps the allocation mapped until then. A
@@ -60,6 +70,7 @@
 #include "absl/time/time.h"
 #include "ckpt/v1/control.grpc.pb.h"
 #include "client/call_canceller.h"
+#include "client/staged_relay.h"
 #include "common/control_socket.h"
 #include "common/unique_fd.h"
 #include "gpu/trainer_gpu.h"
@@ -171,6 +182,7 @@ class SaveHandle {
 
  private:
   friend class Client;
+  friend class StagedRelay;
   SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
              TrainerGpu* gpu, std::vector<std::string> gpu_devices,
              std::vector<uint64_t> stream_wait_records);
@@ -180,6 +192,12 @@ class SaveHandle {
   // for at most `timeout`.
   absl::Status WaitFor(v1::Phase phase, bool enqueued = false,
                        absl::Duration timeout = absl::InfiniteDuration());
+  // What a relay record on device `uuid` waits for (StagedRelay::PassOn):
+  // the save's staged record there if the daemon reserved one; otherwise,
+  // once the daemon enqueued the copies (blocking until then) or the save
+  // failed, the most recent staged record; nothing on a device the save
+  // does not read.
+  TrainerGpu::StagedWait RelayAfter(const std::string& uuid);
   // Whether the progress seen so far satisfies WaitFor(phase, enqueued).
   bool Reached(v1::Phase phase, bool enqueued) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -252,6 +270,12 @@ class Client {
   absl::StatusOr<uint64_t> DefineLayout(
       const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
       CallCanceller* canceller = nullptr);
+
+  // Reserves, on each device the last RecordReady recorded on, the next
+  // record of this client's relay event, for the save about to be
+  // submitted (client/staged_relay.h). FailedPrecondition if RecordReady
+  // recorded nothing since the last save.
+  absl::StatusOr<std::unique_ptr<StagedRelay>> ReserveRelay() ABSL_LOCKS_EXCLUDED(gpu_mu_);
 
   // Records each GPU device's ready event on `stream` now, for the next
   // Save made with GpuReady::kRecordedBefore: the save then holds the bytes

@@ -122,6 +122,24 @@ absl::Status Client::RecordReady(GpuStreamHandle stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<StagedRelay>> Client::ReserveRelay() {
+  absl::MutexLock lock(&gpu_mu_);
+  if (recorded_ready_.empty()) {
+    return absl::FailedPreconditionError(
+        "ReserveRelay: no ready event was recorded for the next save (RecordReady first)");
+  }
+  TrainerGpu* gpu = options_.gpu != nullptr ? options_.gpu : own_gpu_.get();
+  // Built record by record: on an error, the destructor makes those
+  // reserved so far.
+  std::unique_ptr<StagedRelay> relay(new StagedRelay(gpu));
+  for (const std::string& uuid : recorded_ready_) {
+    ASSIGN_OR_RETURN(const uint64_t record, gpu->ReserveRelay(uuid));
+    relay->devices_.push_back(uuid);
+    relay->records_.push_back(record);
+  }
+  return relay;
+}
+
 absl::Status Client::TakeRecordedReady(const std::vector<std::string>& devices) {
   std::vector<std::string> recorded;
   {

@@ -1,6 +1,7 @@
 #include "cuda/cuda_trainer_gpu.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <utility>
 
@@ -316,6 +317,71 @@ absl::Status CudaTrainerGpu::SignalStaged(const std::string& device_uuid) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> CudaTrainerGpu::ReserveRelay(const std::string& device_uuid) {
+  ASSIGN_OR_RETURN(const DeviceEvents* events, EventsFor(device_uuid));
+  return events->relay->Reserve();
+}
+
+absl::Status CudaTrainerGpu::WaitRelay(const std::string& device_uuid, GpuStreamHandle stream,
+                                       uint64_t record) {
+  ASSIGN_OR_RETURN(const DeviceEvents* events, EventsFor(device_uuid));
+  ScopedCudaDevice guard(events->device);
+  RETURN_IF_ERROR(Check(guard.error(), "cudaSetDevice"));
+  return Annotate(events->relay->WaitFor(static_cast<CUstream>(stream), events->device,
+                                         DriverCheck(), static_cast<uint32_t>(record)),
+                  absl::StrCat("waiting for relay record ", record, " on device ",
+                               events->device));
+}
+
+absl::Status CudaTrainerGpu::Relay(const std::string& device_uuid, uint64_t record,
+                                   StagedWait after) {
+  ASSIGN_OR_RETURN(const DeviceEvents* events, EventsFor(device_uuid));
+  ScopedCudaDevice guard(events->device);
+  RETURN_IF_ERROR(Check(guard.error(), "cudaSetDevice"));
+  const CUstream stream = static_cast<CUstream>(events->relay_stream.get());
+  return relay_order_.InOrder(device_uuid, record, [&]() -> absl::Status {
+    absl::Status waited = absl::OkStatus();
+    switch (after.kind) {
+      case StagedWait::Kind::kRecord:
+        waited = events->staged->WaitFor(stream, events->device, DriverCheck(),
+                                         static_cast<uint32_t>(after.staged_record));
+        break;
+      case StagedWait::Kind::kLatest:
+        waited = events->staged->Wait(stream, events->device, DriverCheck());
+        break;
+      case StagedWait::Kind::kNone:
+        break;
+    }
+    RETURN_IF_ERROR(
+        Annotate(waited, absl::StrCat("relaying staged on device ", events->device)));
+    return Annotate(events->relay->RecordReserved(stream, events->device, DriverCheck(),
+                                                  static_cast<uint32_t>(record)),
+                    absl::StrCat("making relay record ", record, " on device ",
+                                 events->device));
+  });
+}
+
+bool CudaTrainerGpu::CompleteRelay(const std::string& device_uuid, uint64_t record) {
+  absl::StatusOr<const DeviceEvents*> events = EventsFor(device_uuid);
+  // No events: none was reserved, so none is owed.
+  return !events.ok() || (*events)->relay->CompleteReserved(static_cast<uint32_t>(record));
+}
+
+CudaTrainerGpu::OwnedStream::~OwnedStream() {
+  if (stream_ == nullptr) return;
+  const cudaError_t error = cudaStreamDestroy(stream_);
+  // At process exit the runtime may be unloaded first: the stream went with it.
+  if (error != cudaSuccess && error != cudaErrorCudartUnloading) {
+    std::fprintf(stderr, "libckpt: cudaStreamDestroy of the relay stream: %s\n",
+                 cudaGetErrorString(error));
+  }
+}
+
+absl::Status CudaTrainerGpu::OwnedStream::Create() {
+  return Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags (relay stream)");
+}
+
 absl::StatusOr<std::string> CudaTrainerGpu::DeviceUuid(int device) {
   absl::MutexLock lock(&mu_);
   auto it = uuids_.find(device);
@@ -367,6 +433,13 @@ absl::StatusOr<const CudaTrainerGpu::DeviceEvents*> CudaTrainerGpu::EventsFor(
     *page = *std::move(created);
     ref->peer_fd = (*page)->fd();
   }
+  absl::StatusOr<std::unique_ptr<cuda_internal::EventPage>> relay =
+      cuda_internal::EventPage::Create(device, DriverCheck());
+  if (!relay.ok()) {
+    return Annotate(relay.status(), absl::StrCat("creating the relay page on device ", device));
+  }
+  events.relay = *std::move(relay);
+  RETURN_IF_ERROR(Annotate(events.relay_stream.Create(), absl::StrCat("on device ", device)));
   return &events_.emplace(uuid, std::move(events)).first->second;
 }
 

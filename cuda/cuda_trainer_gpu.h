@@ -24,7 +24,10 @@
 // (cuda_event_page.h: a one-page memfd of two counters, mapped and
 // registered here, on which streams wait and write with stream memory
 // operations), created on first use. Their memfds stay open, for the daemon
-// to take with pidfd_getfd, until this object is destroyed.
+// to take with pidfd_getfd, until this object is destroyed. With them come
+// the device's relay page (never exported) and relay stream (a
+// cudaStreamNonBlocking stream of this object's own, which waits on the
+// daemon's staged page and writes the relay page).
 //
 // Thread-safety: safe for concurrent use. The calls make the region's or
 // event's device current for their duration and restore the caller's.
@@ -35,11 +38,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "gpu/relay_order.h"
 #include "gpu/trainer_gpu.h"
 
 namespace ckpt {
@@ -71,13 +76,40 @@ class CudaTrainerGpu final : public TrainerGpu {
   // Completes "staged" from the CPU (no stream, no CUDA call): every wait
   // on the records the daemon made so far ends.
   absl::Status SignalStaged(const std::string& device_uuid) override;
+  absl::StatusOr<uint64_t> ReserveRelay(const std::string& device_uuid) override;
+  absl::Status WaitRelay(const std::string& device_uuid, GpuStreamHandle stream,
+                         uint64_t record) override;
+  absl::Status Relay(const std::string& device_uuid, uint64_t record,
+                     StagedWait after) override;
+  bool CompleteRelay(const std::string& device_uuid, uint64_t record) override;
 
  private:
+  // A cudaStreamNonBlocking stream, destroyed with the object (its pending
+  // work still runs: cudaStreamDestroy does not wait for it).
+  class OwnedStream {
+   public:
+    OwnedStream() = default;
+    ~OwnedStream();
+    OwnedStream(OwnedStream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+    OwnedStream& operator=(OwnedStream&&) = delete;
+    absl::Status Create();  // on the current device
+    cudaStream_t get() const { return stream_; }
+
+   private:
+    cudaStream_t stream_ = nullptr;
+  };
+
   struct DeviceEvents {
     int device = -1;
     std::unique_ptr<cuda_internal::EventPage> ready;
     std::unique_ptr<cuda_internal::EventPage> staged;
     GpuEventHandles handles;  // the pages' memfds
+    // The relay (trainer_gpu.h, item 4): this process's own page, never
+    // exported, and the stream that passes "staged" on to it. Declared
+    // after the pages, so destroyed first: its pending operations on them
+    // still run, and the pages stay mapped until those completed.
+    std::unique_ptr<cuda_internal::EventPage> relay;
+    OwnedStream relay_stream;
   };
 
   CudaTrainerGpu() = default;
@@ -91,6 +123,7 @@ class CudaTrainerGpu final : public TrainerGpu {
   std::map<int, std::string> uuids_ ABSL_GUARDED_BY(mu_);  // ordinal -> uuid
   // By uuid; entries are never erased, so pointers to them stay valid.
   std::map<std::string, DeviceEvents> events_ ABSL_GUARDED_BY(mu_);
+  RelayOrder relay_order_{0xffffffffu};  // event pages count in 32 bits
 };
 
 }  // namespace ckpt

@@ -195,8 +195,12 @@ absl::StatusOr<SimulatedTrainerGpu::DeviceEvents> SimulatedTrainerGpu::EventsOf(
       SimulatedEvent::Create();
   if (!staged.ok())
     return Annotate(staged.status(), "creating the staged event");
+  absl::StatusOr<std::shared_ptr<SimulatedEvent>> relay = SimulatedEvent::Create();
+  if (!relay.ok()) return Annotate(relay.status(), "creating the relay event");
   events.ready = *std::move(ready);
   events.staged = *std::move(staged);
+  events.relay = *std::move(relay);
+  events.relay_stream = std::make_shared<SimulatedStream>();
   events_.emplace(device, events);
   return events;
 }
@@ -250,6 +254,47 @@ absl::Status SimulatedTrainerGpu::SignalStaged(const std::string& device_uuid) {
   ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
   events.staged->RecordCompleted();
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> SimulatedTrainerGpu::ReserveRelay(const std::string& device_uuid) {
+  ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
+  return events.relay->EnqueueRecord();
+}
+
+absl::Status SimulatedTrainerGpu::WaitRelay(const std::string& device_uuid,
+                                            GpuStreamHandle stream, uint64_t record) {
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "WaitRelay: the simulated GPU has no default stream; pass a SimulatedStream*");
+  }
+  ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
+  StreamOf(stream)->WaitFor(events.relay, record);
+  return absl::OkStatus();
+}
+
+absl::Status SimulatedTrainerGpu::Relay(const std::string& device_uuid, uint64_t record,
+                                        StagedWait after) {
+  ASSIGN_OR_RETURN(const DeviceEvents events, EventsOf(device_uuid));
+  return relay_order_.InOrder(device_uuid, record, [&] {
+    switch (after.kind) {
+      case StagedWait::Kind::kRecord:
+        events.relay_stream->WaitFor(events.staged, after.staged_record);
+        break;
+      case StagedWait::Kind::kLatest:
+        events.relay_stream->WaitEvent(events.staged);
+        break;
+      case StagedWait::Kind::kNone:
+        break;
+    }
+    events.relay_stream->RecordReserved(events.relay, record);
+    return absl::OkStatus();
+  });
+}
+
+bool SimulatedTrainerGpu::CompleteRelay(const std::string& device_uuid, uint64_t record) {
+  absl::StatusOr<DeviceEvents> events = EventsOf(device_uuid);
+  // No events: none was reserved, so none is owed.
+  return !events.ok() || events->relay->CompleteReserved(record);
 }
 
 }  // namespace ckpt

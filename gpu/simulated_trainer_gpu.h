@@ -16,8 +16,9 @@
 //
 // Streams are SimulatedStream*s passed as GpuStreamHandle; there is no
 // default stream (nullptr is InvalidArgument). Events(uuid) creates the
-// device's "ready" and "staged" SimulatedEvents on first use; RecordReady,
-// WaitStaged and SignalStaged create them too if needed. SignalStaged
+// device's "ready" and "staged" SimulatedEvents on first use, with its
+// relay event and relay stream; the other event calls create them too if
+// needed. SignalStaged
 // records staged as an idle stream of this process would: complete at once.
 //
 // Ownership: the object owns its allocations (unmapped and closed by Free
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "gpu/relay_order.h"
 #include "gpu/simulated_runtime.h"
 #include "gpu/trainer_gpu.h"
 
@@ -76,6 +78,12 @@ class SimulatedTrainerGpu final : public TrainerGpu {
   absl::Status WaitStagedRecord(const std::string& device_uuid, GpuStreamHandle stream,
                                 uint64_t record) override;
   absl::Status SignalStaged(const std::string& device_uuid) override;
+  absl::StatusOr<uint64_t> ReserveRelay(const std::string& device_uuid) override;
+  absl::Status WaitRelay(const std::string& device_uuid, GpuStreamHandle stream,
+                         uint64_t record) override;
+  absl::Status Relay(const std::string& device_uuid, uint64_t record,
+                     StagedWait after) override;
+  bool CompleteRelay(const std::string& device_uuid, uint64_t record) override;
 
  private:
   struct Allocation {
@@ -87,6 +95,10 @@ class SimulatedTrainerGpu final : public TrainerGpu {
   struct DeviceEvents {
     std::shared_ptr<SimulatedEvent> ready;
     std::shared_ptr<SimulatedEvent> staged;
+    // The relay event and stream (trainer_gpu.h, item 4): this process's
+    // own, never exported.
+    std::shared_ptr<SimulatedEvent> relay;
+    std::shared_ptr<SimulatedStream> relay_stream;
   };
 
   absl::StatusOr<uint64_t> MapNew(int count, uint64_t bytes_each, int device,
@@ -106,6 +118,7 @@ class SimulatedTrainerGpu final : public TrainerGpu {
   std::map<uint64_t, Allocation> allocations_ ABSL_GUARDED_BY(mu_);
   // Events by device ordinal, created on first use.
   std::map<int, DeviceEvents> events_ ABSL_GUARDED_BY(mu_);
+  RelayOrder relay_order_{~uint64_t{0}};
 };
 
 }  // namespace ckpt

@@ -19,6 +19,12 @@
 //      a region now. They change when the trainer frees and re-allocates
 //      the memory, even at the same address, so a save never reads an
 //      allocation the trainer has replaced.
+//   4. The relay (client/staged_relay.h says why): per device, an event of
+//      this process's own and a stream of its own. ReserveRelay numbers a
+//      record before the save is submitted, WaitRelay makes the trainer's
+//      stream wait for it at once, and Relay later enqueues, on the relay
+//      stream, "wait for the daemon's staged record, then make the relay
+//      record": the GPU passes STAGED on, and no CPU waits for it.
 //
 // Implementations: CudaTrainerGpu (cuda/) and SimulatedTrainerGpu (gpu/).
 // A "stream" is the implementation's own: a cudaStream_t for CUDA (nullptr
@@ -83,6 +89,38 @@ class TrainerGpu {
   // ends that wait. Only for a daemon known to be gone: while it lives, its
   // copies may still be running.
   virtual absl::Status SignalStaged(const std::string& device_uuid) = 0;
+
+  // Reserves the next record of the device's relay event (creating the
+  // device's events on first use); enqueues nothing. Relay must follow,
+  // once, for every record reserved: until it did, WaitRelay's waits on
+  // the record, and every later record, hold.
+  virtual absl::StatusOr<uint64_t> ReserveRelay(const std::string& device_uuid) = 0;
+  // Makes `stream` wait for relay record `record` (no CPU wait).
+  virtual absl::Status WaitRelay(const std::string& device_uuid, GpuStreamHandle stream,
+                                 uint64_t record) = 0;
+  // What relay record `record` waits for on the relay stream.
+  struct StagedWait {
+    enum class Kind {
+      kRecord,  // the daemon's staged record `staged_record`
+      kLatest,  // the most recent staged record as of this call
+      kNone,    // nothing: the record is made once the previous one is
+    };
+    Kind kind = Kind::kNone;
+    uint64_t staged_record = 0;
+  };
+  // Enqueues on the device's relay stream the wait `after`, then relay
+  // record `record`, once record - 1 was reached (no CPU wait for either).
+  // Relays go to the stream in record order: a call first waits on the
+  // CPU until Relay was called for every earlier record of the device
+  // (gpu/relay_order.h; DeadlineExceeded after RelayOrder::kTimeout). On
+  // failure nothing that makes the record was enqueued: the caller still
+  // owns it.
+  virtual absl::Status Relay(const std::string& device_uuid, uint64_t record,
+                             StagedWait after) = 0;
+  // Completes relay record `record` from the CPU if record - 1 was
+  // reached: true once `record` is reached (now or before). For a record
+  // whose Relay failed, once what it stood for is known to be over.
+  virtual bool CompleteRelay(const std::string& device_uuid, uint64_t record) = 0;
 };
 
 }  // namespace ckpt

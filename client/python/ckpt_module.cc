@@ -24,7 +24,10 @@
 // records the ready event there (or record_ready(stream) did, at the moment
 // the save was taken, and save(..., ready_recorded=True) submits it later:
 // ckptd.torch); SaveHandle.wait_staged_on_stream is the
-// GPU-side STAGED (ckpt::SaveHandle::WaitStagedOnStream). The GPU is the
+// GPU-side STAGED (ckpt::SaveHandle::WaitStagedOnStream), and
+// reserve_relay() (after record_ready) gives it before the save is
+// submitted (StagedRelay.wait_on_stream, then pass_on(handle or None) once
+// submitted: ckpt::StagedRelay). The GPU is the
 // CUDA runtime's where libckpt was built with CUDA, or a SimulatedGpu
 // passed to Client (gpu/: device memory in sealed memfds, which a daemon
 // started with --gpu=simulated maps), for tests and for trying the GPU
@@ -231,6 +234,7 @@ class PySaveHandle {
     Check(status);
   }
   py::dict Progress() { return ToDict(handle_->progress()); }
+  ckpt::SaveHandle* get() const { return handle_.get(); }
 
  private:
   // Waits in slices without the GIL; between slices, a pending signal's
@@ -251,6 +255,41 @@ class PySaveHandle {
     }
   }
   std::unique_ptr<ckpt::SaveHandle> handle_;
+};
+
+// ckpt::StagedRelay (client/staged_relay.h): the GPU-side STAGED of a
+// save that ckptd.torch's submit thread has not handed over yet.
+class PyStagedRelay {
+ public:
+  explicit PyStagedRelay(std::unique_ptr<ckpt::StagedRelay> relay) : relay_(std::move(relay)) {}
+  ~PyStagedRelay() {
+    // One never passed on is passed on here, which may wait (its CPU
+    // fallback): not with the GIL.
+    py::gil_scoped_release release;
+    relay_.reset();
+  }
+  void WaitOnStream(uint64_t stream) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = relay_->WaitOnStream(reinterpret_cast<ckpt::GpuStreamHandle>(stream));
+    }
+    Check(status);
+  }
+  // `save` None: the save failed before the daemon accepted it. Blocks
+  // without the GIL until the relay is enqueued (for a save whose daemon
+  // reserved no staged record, until it enqueued the copies).
+  void PassOn(const PySaveHandle* save) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = relay_->PassOn(save == nullptr ? nullptr : save->get());
+    }
+    Check(status);
+  }
+
+ private:
+  std::unique_ptr<ckpt::StagedRelay> relay_;
 };
 
 // The process's live clients, for ReleaseGpuMemoryOfClients. Leaked: the
@@ -429,6 +468,16 @@ class PyClient {
     Check(status);
   }
 
+  // Client::ReserveRelay, after record_ready.
+  std::unique_ptr<PyStagedRelay> ReserveRelay() {
+    absl::StatusOr<std::unique_ptr<ckpt::StagedRelay>> relay;
+    {
+      py::gil_scoped_release release;  // as RecordReady
+      relay = client_->ReserveRelay();
+    }
+    return std::make_unique<PyStagedRelay>(Value(std::move(relay)));
+  }
+
   std::unique_ptr<PySaveHandle> Save(const std::string& checkpoint, uint64_t layout_id,
                                      const py::dict& byte_items, uint64_t stream,
                                      bool ready_recorded) {
@@ -519,6 +568,9 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("cancel", &PySaveHandle::Cancel)
       .def("wait_staged_on_stream", &PySaveHandle::WaitStagedOnStream, py::arg("stream"))
       .def("progress", &PySaveHandle::Progress);
+  py::class_<PyStagedRelay>(m, "StagedRelay")
+      .def("wait_on_stream", &PyStagedRelay::WaitOnStream, py::arg("stream"))
+      .def("pass_on", &PyStagedRelay::PassOn, py::arg("save").none(true));
   py::class_<PySimulatedGpu>(m, "SimulatedGpu")
       .def(py::init<>())
       .def("allocate", &PySimulatedGpu::Allocate, py::arg("bytes"))
@@ -542,6 +594,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("release_regions", &PyClient::ReleaseRegions, py::arg("ids"))
       .def("define_layout", &PyClient::DefineLayout)
       .def("record_ready", &PyClient::RecordReady, py::arg("stream"))
+      // The relay borrows the client's GPU seam: it keeps the client alive.
+      .def("reserve_relay", &PyClient::ReserveRelay, py::keep_alive<0, 1>())
       .def("save", &PyClient::Save, py::arg("checkpoint"), py::arg("layout_id"),
            py::arg("byte_items"), py::arg("stream") = 0, py::arg("ready_recorded") = false)
       .def("load", &PyClient::Load)

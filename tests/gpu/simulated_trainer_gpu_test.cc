@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -138,6 +141,51 @@ TEST_CASE(
         absl::StatusCode::kInvalidArgument);
   CHECK(gpu.WaitStaged(uuid, nullptr).code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "A relay record is made once the daemon's staged record it waits for "
+    "is, and after the relay record before it",
+    "[gpu]") {
+  using Kind = TrainerGpu::StagedWait::Kind;
+  SimulatedTrainerGpu gpu;
+  const std::string uuid = SimulatedDeviceUuid(0);
+  absl::StatusOr<GpuEventHandles> events = gpu.Events(uuid);
+  REQUIRE(events.ok());
+  // The daemon's side of "staged": the same page, mapped again.
+  absl::StatusOr<std::shared_ptr<SimulatedEvent>> staged =
+      SimulatedEvent::Open(UniqueFd(::dup(events->staged.peer_fd)));
+  REQUIRE(staged.ok());
+  const uint64_t save_record = (*staged)->EnqueueRecord();  // reserved for a save
+
+  absl::StatusOr<uint64_t> first = gpu.ReserveRelay(uuid);
+  absl::StatusOr<uint64_t> second = gpu.ReserveRelay(uuid);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(*second == *first + 1);
+  SimulatedStream trainer;
+  std::atomic<bool> stepped{false};
+  REQUIRE(gpu.WaitRelay(uuid, &trainer, *second).ok());
+  trainer.Enqueue([&] { stepped = true; });  // the optimizer step
+  // The second is passed on first, from another thread, with nothing to
+  // wait for: it waits for the first to be passed on (enqueued behind it,
+  // the first would never be reached), then comes after it.
+  absl::Status second_relayed;
+  std::thread submit([&] { second_relayed = gpu.Relay(uuid, *second, {Kind::kNone, 0}); });
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(gpu.Relay(uuid, *first, {Kind::kRecord, save_record}).ok());
+  submit.join();
+  REQUIRE(second_relayed.ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK_FALSE(stepped.load());
+  CHECK_FALSE(gpu.CompleteRelay(uuid, *second));  // the first is not reached
+
+  REQUIRE((*staged)->CompleteReserved(save_record));  // the daemon's copies ran
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!stepped.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  CHECK(stepped.load());
+  CHECK(gpu.CompleteRelay(uuid, *second));  // reached already
+  CHECK(gpu.WaitRelay(uuid, nullptr, *second).code() == absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

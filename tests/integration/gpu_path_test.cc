@@ -248,6 +248,80 @@ TEST_CASE("a ready event recorded when the save is taken orders the copies "
   CHECK(absl::StrContains(unrecorded.status().message(), "no ready event was recorded"));
 }
 
+TEST_CASE("a relay makes the trainer's stream wait for a save's copies from "
+          "before the save is submitted, and one passed on without a save, or "
+          "dropped, still releases the stream",
+          "[integration][gpu][cuda]") {
+  const std::string kind = GENERATE(as<std::string>{}, "simulated", "cuda");
+  const std::string ending = GENERATE(as<std::string>{}, "submitted", "failed", "dropped");
+  INFO(kind << ", relay " << ending);
+  std::unique_ptr<TestGpu> gpu = GpuOrSkip(kind);
+  if (gpu == nullptr) return;
+  DaemonProcess daemon(GpuFlags(kind));
+  GpuTestRank rank(gpu.get(), daemon.socket(), "relay", 2, 4, kTensorBytes);
+  const auto step = [&] {  // the optimizer step: rewrites every tensor
+    for (int a = 0; a < 2; ++a) {
+      REQUIRE(gpu->Fill(rank.address(a), 0xab, rank.allocation_bytes()).ok());
+    }
+  };
+  // ckptd.torch's save call: the ready event, a relay record, the stream's
+  // wait for it, and the step, all before the save is submitted.
+  const auto call = [&]() -> std::unique_ptr<StagedRelay> {
+    REQUIRE(rank.client().RecordReady(gpu->stream()).ok());
+    absl::StatusOr<std::unique_ptr<StagedRelay>> relay = rank.client().ReserveRelay();
+    INFO(relay.status().ToString());
+    REQUIRE(relay.ok());
+    REQUIRE((*relay)->WaitOnStream(gpu->stream()).ok());
+    step();
+    return *std::move(relay);
+  };
+  // Its submit thread's part: the save, then the relay.
+  const auto submit = [&](StagedRelay& relay, const std::string& checkpoint) {
+    auto save = rank.client().Save(rank.SaveRequestFor(checkpoint), gpu->stream(), nullptr,
+                                   Client::GpuReady::kRecordedBefore);
+    INFO(save.status().ToString());
+    REQUIRE(save.ok());
+    REQUIRE(relay.PassOn(save->get()).ok());
+    const absl::Status ran = gpu->Synchronize(absl::Seconds(60));
+    INFO(ran.ToString());
+    REQUIRE(ran.ok());
+    const absl::Status committed = (*save)->WaitCommitted();
+    INFO(committed.ToString());
+    REQUIRE(committed.ok());
+  };
+
+  rank.Upload(1);
+  std::unique_ptr<StagedRelay> relay = call();
+  // Nothing is submitted yet: the step waits.
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(absl::IsDeadlineExceeded(gpu->Synchronize(absl::Milliseconds(1))));
+  if (ending == "submitted") {
+    submit(*relay, "step-1");
+    CHECK(absl::IsFailedPrecondition(relay->PassOn(nullptr)));  // once only
+    // The step ran after the copies: the checkpoint holds the bytes before it.
+    rank.Zero();
+    REQUIRE(rank.client().Load(rank.LoadRequestFor("step-1")).ok());
+    CHECK(rank.Holds(1));
+  } else {
+    if (ending == "failed") {
+      REQUIRE(relay->PassOn(nullptr).ok());
+    } else {
+      relay.reset();
+    }
+    const absl::Status ran = gpu->Synchronize(absl::Seconds(60));
+    INFO(ran.ToString());
+    CHECK(ran.ok());
+  }
+  // The next save's relay record comes after this one's, whichever way it
+  // was made.
+  rank.Upload(2);
+  std::unique_ptr<StagedRelay> next = call();
+  submit(*next, "step-2");
+  rank.Zero();
+  REQUIRE(rank.client().Load(rank.LoadRequestFor("step-2")).ok());
+  CHECK(rank.Holds(2));
+}
+
 TEST_CASE("ten saves reuse the opened allocations, one freed and allocated "
           "again in between is saved with its new bytes and its old mapping "
           "released",

@@ -65,6 +65,18 @@ class ObservedTrainerGpu final : public TrainerGpu {
   absl::Status SignalStaged(const std::string& uuid) override {
     return inner_->SignalStaged(uuid);
   }
+  absl::StatusOr<uint64_t> ReserveRelay(const std::string& uuid) override {
+    return inner_->ReserveRelay(uuid);
+  }
+  absl::Status WaitRelay(const std::string& uuid, GpuStreamHandle s, uint64_t record) override {
+    return inner_->WaitRelay(uuid, s, record);
+  }
+  absl::Status Relay(const std::string& uuid, uint64_t record, StagedWait after) override {
+    return inner_->Relay(uuid, record, after);
+  }
+  bool CompleteRelay(const std::string& uuid, uint64_t record) override {
+    return inner_->CompleteRelay(uuid, record);
+  }
 
  private:
   TrainerGpu* const inner_;

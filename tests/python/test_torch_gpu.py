@@ -12,6 +12,7 @@ PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
 
 import ctypes
 import os
+import threading
 import time
 import unittest
 
@@ -160,6 +161,53 @@ class TorchApiOnSimulatedGpu(unittest.TestCase):
                     self.assertTrue(torch.equal(big, torch.full_like(big, 3.0)))
                 else:
                     big.fill_(3.0)
+
+    def test_the_gpu_side_staged_waits_for_no_hand_over_and_a_failed_save_releases_the_stream(self):
+        # The submit thread hands every save over 2 s late (a slow peer in
+        # the exchange). A save whose host tensors are all copies makes the
+        # stream wait through a relay record reserved at the call: the CPU
+        # goes on at once, the step queued next still runs after the
+        # daemon's copies. With a CPU tensor read in place the CPU waits
+        # for the hand-over (and the daemon's read) as before.
+        c = self.checkpointer("gpu-relay")
+        w, _ = device_tensor(self.gpu, (256, 1024))  # 1 MiB
+        step = torch.tensor(3.0)                     # copied at the call
+        big = torch.full((64 << 10,), 2.0)           # 256 KiB: read in place
+        submit = c._submitter.submit
+        c._submitter.submit = lambda job, fail: submit(lambda: (time.sleep(2.0), job()), fail)
+        for in_place in (False, True):
+            with self.subTest(in_place=in_place):
+                sd = {"w": w, "optim": {"step": step, **({"big": big} if in_place else {})}}
+                c.save(sd, checkpoint_id=f"plan-{in_place}")
+                at_call = random_like(w, 5)
+                queue_write(self.gpu, w, at_call)
+                start = time.monotonic()
+                r = c.async_save(sd, checkpoint_id=f"step-{in_place}")
+                r.wait_staged_on_stream()
+                waited = time.monotonic() - start
+                if in_place:
+                    self.assertGreaterEqual(waited, 1.8)
+                else:
+                    self.assertLess(waited, 1.0)
+                queue_write(self.gpu, w, torch.full_like(w, -1.0))  # the optimizer step
+                r.upload_completion.result()
+                self.gpu.synchronize()
+                self.assertTrue(same_bytes(w, torch.full_like(w, -1.0)))
+                c.load(sd, checkpoint_id=f"step-{in_place}")
+                self.gpu.synchronize()
+                self.assertTrue(same_bytes(w, at_call))
+
+        # A save that fails after the relay record was reserved (a value
+        # that cannot be pickled) passes it on all the same: the stream
+        # that waits for it goes on.
+        r = c.async_save({"w": w, "bad": lambda: None}, checkpoint_id="bad")
+        r.wait_staged_on_stream()
+        with self.assertRaisesRegex(ckpt.SaveInputError, "bad: cannot pickle"):
+            r.upload_completion.result()
+        drained = threading.Thread(target=self.gpu.synchronize, daemon=True)
+        drained.start()
+        drained.join(30)
+        self.assertFalse(drained.is_alive(), "the stream still waits for the failed save")
 
     def test_the_save_holds_the_bytes_of_the_call_whatever_the_stream_runs_before_the_submit(self):
         c = self.checkpointer("gpu-call")

@@ -54,9 +54,16 @@ the daemon's copies after whatever the trainer queued in between), and
 the RPC says it was recorded. The trainer must queue no write to a saved
 tensor before the GPU-side STAGED (the response's wait_staged_on_stream()):
 not the optimizer step, and not a forward pass that updates saved buffers
-(BatchNorm's running statistics). Small replicated plain GPU tensors are
+(BatchNorm's running statistics). When the save's host tensors are all
+copies (snapshot regions: no CPU tensor read in place), the call also
+reserves a relay record (ckpt::StagedRelay), for which that wait makes the
+stream wait at once; the submit thread passes the daemon's staged record
+on to it after step 7, or, if the save failed, passes on at once: a relay
+record never made would hold the trainer's stream for good. Small replicated plain GPU tensors are
 compared between ranks through host copies the submit thread makes on a
-side stream, after an event recorded at the call (gpu_memory.host_bytes).
+side stream, after an event recorded at the call (gpu_memory.host_bytes),
+and waits for before step 7: the relay record, made after step 7, orders
+the trainer's next writes after them too.
 
 Errors found by the exchange or later (bad input on any rank, replicas that
 disagree, the daemon refusing the save, a failed commit) reach the caller
@@ -72,6 +79,7 @@ the submit thread to be idle.
 import dataclasses
 import os
 import pickle
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -142,6 +150,9 @@ class _Plan:
     gpu_checked: List[torch.Tensor] = dataclasses.field(default_factory=list)
     gpu_checked_fqns: List[str] = dataclasses.field(default_factory=list)
     synchronize_copies: bool = False  # GPU copies are host copies: sync first
+    # Every host item is a copy buffer (snapshot): the trainer's stream
+    # waits for STAGED through a relay, before the save is handed over.
+    relay: bool = False
 
 
 class Checkpointer:
@@ -196,7 +207,7 @@ class Checkpointer:
             self._last = None
         self._exchange.open()
         plan, keep, values, error, raised = None, None, None, None, None
-        connection, mark, stream = None, None, None
+        connection, mark, stream, relay = None, None, None, None
         try:
             connection = self.client._connection()  # reconnects to a new daemon
             plan = self._plan
@@ -218,6 +229,8 @@ class Checkpointer:
                 if plan.gpu_checked and self._exchange.compares:
                     mark = self._memory.mark(plan.gpu_device)
                 connection.record_ready(stream)
+                if plan.relay:
+                    relay = connection.reserve_relay()
             values = self._encode(plan, value_leaves)
         except ValueError as e:
             error = str(e)  # the peers learn it in the exchange, and fail too
@@ -233,21 +246,44 @@ class Checkpointer:
         response._keep_alive = (keep, plan)
         response._socket = self.client.socket
         response._stream = stream
+        response._relay = relay
 
         def fail(e: BaseException) -> None:
             self._plan = None
             response._fail(response._explain(e))
 
         self._submitter.submit(
-            lambda: self._submit(response, connection, plan, values, error, raised, mark),
+            lambda: self._submit(response, connection, plan, values, error, raised, mark,
+                                 relay),
             fail)
         self._last = response
         return response
 
     def _submit(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
                 values, error: Optional[str], raised: Optional[BaseException],
-                mark) -> None:
-        """Steps 6 and 7 of a save (the module comment), on the submit thread."""
+                mark, relay) -> None:
+        """Steps 6 and 7 of a save (the module comment), on the submit thread;
+        then passes STAGED on to the save's relay, if it has one, whatever
+        happened (a relay record never made would hold the trainer's stream
+        for good)."""
+        handle = None
+        try:
+            handle = self._submit_save(response, connection, plan, values, error, raised,
+                                       mark)
+        finally:
+            if relay is not None:
+                try:
+                    relay.pass_on(handle)
+                except ckptd.Error as e:
+                    # Made from the CPU instead (ckpt::StagedRelay), or not
+                    # at all: say so, the save itself is unaffected.
+                    warnings.warn(f"ckptd: save {response.checkpoint_id!r}: {e}",
+                                  RuntimeWarning)
+
+    def _submit_save(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
+                     values, error: Optional[str], raised: Optional[BaseException],
+                     mark):
+        """Steps 6 and 7; the save's handle, or None if it failed."""
         gpu_hosts: List[torch.Tensor] = []
         if error is None and mark is not None:
             try:
@@ -264,7 +300,7 @@ class Checkpointer:
             # daemon error keeps its class (DaemonUnavailable, ...).
             self._plan = None
             response._fail(raised or e)
-            return
+            return None
         try:
             if holders != plan.holders:
                 # Other holders than planned (ranks joined or left an fqn):
@@ -277,9 +313,10 @@ class Checkpointer:
         except ckptd.Error as e:
             self._plan = None
             response._fail(response._explain(e))
-            return
+            return None
         self._plan = plan
         self._watcher.watch(response, handle, response._keep_alive)
+        return handle
 
     def save(self, state_dict, *, checkpoint_id: str) -> None:
         """Saves and returns once the checkpoint is committed."""
@@ -337,7 +374,7 @@ class Checkpointer:
         checked, checked_fqns, structure, cache_leaves = [], [], {}, []
         gpu_checked, gpu_checked_fqns = [], []
         items: List[dict] = []
-        gpu_items = 0
+        gpu_items, host_in_place = 0, False
         for fqn, leaf in leaves.items():
             e = tensors.get(fqn)
             if e is None:
@@ -369,6 +406,7 @@ class Checkpointer:
             if fqn not in aliases and memory.numel() != 0:
                 items.append(self._memory_item(fqn, memory, snapshot=fqn in dest))
                 gpu_items += memory_on_gpu
+                host_in_place |= not memory_on_gpu and fqn not in dest
                 items[-1].update(global_shape=list(e.global_shape), offsets=list(e.offsets),
                                  replicas=None if e.replicas is None
                                  else sorted(set(e.replicas)))
@@ -383,7 +421,8 @@ class Checkpointer:
                      value_item={}, holders=None, buffers=(arena, dest),
                      gpu=gpu_items > 0, gpu_device=gpu_device, gpu_checked=gpu_checked,
                      gpu_checked_fqns=gpu_checked_fqns,
-                     synchronize_copies=synchronize_copies)
+                     synchronize_copies=synchronize_copies,
+                     relay=gpu_items > 0 and not host_in_place)
         return plan, keep, list(raw_values.values())
 
     def _encode(self, plan: _Plan, value_leaves: list) -> Dict[str, Tuple[bytes, bytes]]:

@@ -13,10 +13,13 @@
   checkpointer's copy buffers, as small ones such as AdamW's `step` do:
   those are snapshot regions, rewritten only after STAGED; with a CPU
   tensor read in place, once the daemon has queued its copies and read
-  it). It waits on the CPU for the
-  submit thread to have handed the save over (normally long done by the
-  optimizer step). Call it before queuing any write to a saved tensor: the
-  optimizer step, and a forward pass that updates saved buffers
+  it). In the first case the CPU does not even wait for the submit thread
+  to hand the save over: the stream waits for a relay record the save
+  call reserved (ckptd._ckpt.StagedRelay, libckpt's client/staged_relay.h),
+  which the submit thread passes the daemon's staged record on to once
+  the save is submitted, on a relay stream of its own; in the second it
+  waits for the hand-over first. Call it before queuing any write to a
+  saved tensor: the optimizer step, and a forward pass that updates saved buffers
   (BatchNorm's running statistics). staging_completion still resolves
   only once every byte is copied, and the response holds the tensors
   until then.
@@ -54,7 +57,7 @@ class AsyncSaveResponse:
 
     __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
                  "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested",
-                 "_stream", "_handed_over")
+                 "_stream", "_relay", "_handed_over")
 
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
@@ -67,6 +70,9 @@ class AsyncSaveResponse:
         self._lock = threading.Lock()
         self._cancel_requested = False
         self._stream: Optional[int] = None  # the GPU stream of the save call
+        # ckptd._ckpt.StagedRelay, for a save whose host tensors are all
+        # copies (checkpointer.py): its stream waits before the hand-over.
+        self._relay = None
         # Set once the save is submitted (_attach) or has failed (_fail).
         self._handed_over = threading.Event()
 
@@ -80,10 +86,21 @@ class AsyncSaveResponse:
     def wait_staged_on_stream(self, stream: Optional[int] = None) -> None:
         """The GPU-side STAGED (the module comment). For a save of CUDA
         tensors and copied CPU tensors and values only, the CPU waits for
-        nothing but the hand-over, and a failure shows in
-        upload_completion; with a CPU tensor read in place it waits until
-        the daemon queued its copies, and raises the save's error if it
-        failed before."""
+        nothing, and a failure shows in upload_completion (raised here if
+        it is known already); with a CPU
+        tensor read in place it waits until the daemon queued its copies,
+        and raises the save's error if it failed before."""
+        if self._relay is not None:
+            # A failure already known is raised (as without the relay); one
+            # still to come shows in upload_completion.
+            failed = self.staging_completion.done() and self.staging_completion.exception()
+            if failed:
+                raise failed
+            try:
+                self._relay.wait_on_stream(self._stream if stream is None else stream)
+            except errors.CkptdError as e:
+                raise self._explain(e) from None
+            return
         self._handed_over.wait()
         handle = self._handle
         if handle is None or self._stream is None:
