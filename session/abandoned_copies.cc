@@ -82,11 +82,16 @@ void AbandonedCopies::Run() {
         (outcome == Outcome::kEnded ? ended : kept).push_back(std::move(watched_[i]));
         watched_.erase(watched_.begin() + static_cast<ptrdiff_t>(i));
       }
-      kept_for_good_ += kept.size();
     }
     // Outside the lock: releasing mappings and destroying streams are
     // driver calls. `ended` lets everything go as it is destroyed.
     for (Watched& w : kept) KeepForGood(std::move(w));
+    if (!kept.empty()) {
+      // Counted once kept, so that a count seen means its buffers are out
+      // of the pool already.
+      absl::MutexLock lock(&mu_);
+      kept_for_good_ += kept.size();
+    }
   }
 }
 

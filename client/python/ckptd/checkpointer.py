@@ -59,11 +59,12 @@ copies (snapshot regions: no CPU tensor read in place), the call also
 reserves a relay record (ckpt::StagedRelay), for which that wait makes the
 stream wait at once; the submit thread passes the daemon's staged record
 on to it after step 7, or, if the save failed, passes on at once: a relay
-record never made would hold the trainer's stream for good. Small replicated plain GPU tensors are
-compared between ranks through host copies the submit thread makes on a
-side stream, after an event recorded at the call (gpu_memory.host_bytes),
-and waits for before step 7: the relay record, made after step 7, orders
-the trainer's next writes after them too.
+record never made would hold the trainer's stream for good. Small
+replicated plain GPU tensors are compared between ranks through host
+copies the submit thread makes on a side stream, after an event recorded
+at the call (gpu_memory.host_bytes), and waits for before step 7: the
+relay record, made after step 7, orders the trainer's next writes after
+them too.
 
 Errors found by the exchange or later (bad input on any rank, replicas that
 disagree, the daemon refusing the save, a failed commit) reach the caller
