@@ -81,7 +81,10 @@ for token in $(sed -e 's/^.* [^ ]*\.o //' "$link_file"); do
     -L*) ;;
     -lm|-lrt|-ldl|-lpthread|-latomic|-pthread|-Wl,*) echo "$token" ;;
     -l*)
-      lib=$("$ldconfig" -p | awk -v n="lib${token#-l}.so" '$1 == n {print $NF; exit}')
+      # awk reads to the end: exiting at the match would leave ldconfig
+      # writing into a closed pipe, and its SIGPIPE fail this assignment
+      # under pipefail (seen on a loaded machine).
+      lib=$("$ldconfig" -p | awk -v n="lib${token#-l}.so" '$1 == n && !found {print $NF; found = 1}')
       [ -n "$lib" ] || { echo "gpu-bundle.sh: cannot find $token" >&2; exit 1; }
       bundle_shared "$lib" ;;
     *) echo "gpu-bundle.sh: unexpected link token $token" >&2; exit 1 ;;
@@ -93,5 +96,7 @@ for dir in absl google/protobuf grpc grpcpp grpc++; do
   cp -r "/usr/include/$dir" "$py/include/$dir"
 done
 cp /usr/include/xxhash.h "$py/include/"
-bundle_shared "$("$ldconfig" -p | awk '$1 == "libxxhash.so.0" {print $NF; exit}')" >/dev/null
+xxhash=$("$ldconfig" -p | awk '$1 == "libxxhash.so.0" && !found {print $NF; found = 1}')
+[ -n "$xxhash" ] || { echo "gpu-bundle.sh: cannot find libxxhash.so.0" >&2; exit 1; }
+bundle_shared "$xxhash" >/dev/null
 du -sh "$dest"
