@@ -532,6 +532,7 @@ class PyClient {
       d["committed"] = c.committed();
       d["latest"] = c.latest();
       d["total_bytes"] = c.total_bytes();
+      d["committed_unix_micros"] = c.committed_unix_micros();
       out.append(d);
     }
     return out;

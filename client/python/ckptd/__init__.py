@@ -53,10 +53,11 @@ layout is defined with the daemon first.
 """
 
 import dataclasses
+import os
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, SaveFailed,
-                          StateMismatch)
+from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable,
+                          InvalidStateDict, MissingKeys, SaveFailed, StateMismatch)
 from ckptd import errors as _errors
 from ckptd import _ckpt
 from ckptd.dtypes import SAFETENSORS_BY_NUMPY, SAFETENSORS_BY_TORCH
@@ -64,6 +65,12 @@ from ckptd.gpu_memory import CudaMemory, SimulatedMemory
 
 Error = CkptdError  # every error of the daemon and libckpt (ckptd/errors.py)
 DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
+
+
+def default_socket() -> str:
+    """$CKPTD_SOCKET (a per-job daemon's, under Slurm say), else the
+    daemon's default socket."""
+    return os.environ.get("CKPTD_SOCKET") or DEFAULT_SOCKET
 
 # Element types by their safetensors names; the keys are the str() of torch
 # and numpy dtypes.
@@ -176,10 +183,12 @@ class Client:
     """This process as one rank of a job, connected to the node's ckptd."""
 
     def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
-                 socket: str = DEFAULT_SOCKET, node: int = 0, local_world_size: int = 0,
+                 socket: Optional[str] = None, node: int = 0, local_world_size: int = 0,
                  local_rank: Optional[int] = None, gpu: Optional[Any] = None):
-        """`gpu`: None for CUDA tensors on the CUDA runtime, or a
+        """`socket`: default $CKPTD_SOCKET, else the daemon's default. `gpu`:
+        None for CUDA tensors on the CUDA runtime, or a
         ckptd._ckpt.SimulatedGpu (see the module's docstring)."""
+        socket = socket or default_socket()
         self.rank = rank
         self.job = job
         self.socket = socket
@@ -265,7 +274,8 @@ class Client:
         return self._load(checkpoint, items, list(byte_items), allow_missing)
 
     def list(self) -> list:
-        """This job's checkpoints: {checkpoint, committed, latest, total_bytes}."""
+        """This job's checkpoints: {checkpoint, committed, latest, total_bytes,
+        committed_unix_micros}."""
         return self._connection().list()
 
     def _region(self, address: int, length: int, on_gpu: bool = False,

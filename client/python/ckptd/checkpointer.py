@@ -80,6 +80,7 @@ the submit thread to be idle.
 import dataclasses
 import os
 import pickle
+import re
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -93,7 +94,9 @@ except ImportError as e:  # built before torch was in this Python
         "ckptd._state_cache is missing: it is built against torch, and torch was "
         "not installed for this Python when ckptd was configured; install torch, "
         "then re-run scripts/build.sh (scripts/test.sh installs it first)") from e
+from ckptd import errors as errors_mod
 from ckptd import flatten as flatten_mod
+from ckptd import stateful as stateful_mod
 from ckptd import values as values_mod
 from ckptd.index import INDEX_FQN, Alias, Index
 from ckptd.replica_exchange import ReplicaExchange, describe_tensor
@@ -110,6 +113,9 @@ DEFAULT_CHECK_BYTES = 1 << 20
 COPY_MAX_BYTES = 8 << 10
 COPY_TOTAL_BYTES = 4 << 20
 _ALIGN = 64  # of each copy in the arena: any dtype's alignment
+# The daemon's refusal of a load asking for a tensor it does not store
+# (restore/load_plan.cc).
+_NOT_STORED = re.compile(r"NOT_FOUND: (?:\w+: )?item (?P<fqn>\S+): not stored in ")
 
 
 def default_job() -> str:
@@ -186,7 +192,7 @@ class Checkpointer:
         self.job = job or default_job()
         self.rank = self._exchange.rank
         self.client = ckptd.Client(self.job, self.rank, world,
-                                   socket=socket or ckptd.DEFAULT_SOCKET, node=node,
+                                   socket=socket, node=node,
                                    local_world_size=local_world_size,
                                    local_rank=local_rank, gpu=gpu)
         self._memory = self.client._gpu  # gpu_memory.py: CUDA, or the simulated GPU
@@ -213,11 +219,22 @@ class Checkpointer:
             connection = self.client._connection()  # reconnects to a new daemon
             plan = self._plan
             matched = None
-            if (plan is not None and plan.cache is not None
-                    and plan.generation == self.client.generation):
+            cached = (plan is not None and plan.cache is not None
+                      and plan.generation == self.client.generation)
+            if cached:
                 if plan.synchronize_copies:
                     self._memory.synchronize(plan.gpu_device)
-                matched = plan.cache.match(state_dict)
+                matched = self._match(plan, state_dict)
+            if matched is None:
+                # Stateful objects (stateful.py) are asked for their state
+                # here: the plain dict of a training loop is matched above
+                # without a walk in Python, a dict holding a model misses
+                # there and is matched once resolved.
+                resolved = stateful_mod.ResolvedState(state_dict)
+                if resolved.has_stateful:
+                    state_dict = resolved.state_dict
+                    if cached:
+                        matched = self._match(plan, state_dict)
             if matched is None:
                 plan, keep, value_leaves = self._new_plan(state_dict)
             else:
@@ -294,7 +311,8 @@ class Checkpointer:
         try:
             holders, merged = self._exchange.exchange(
                 error, lambda: self._key(plan, values, gpu_hosts),
-                lambda: self._detailed(plan, values, gpu_hosts))
+                lambda: self._detailed(plan, values, gpu_hosts),
+                names=(self.job, response.checkpoint_id))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
@@ -318,6 +336,17 @@ class Checkpointer:
         self._plan = plan
         self._watcher.watch(response, handle, response._keep_alive)
         return handle
+
+    @staticmethod
+    def _match(plan: _Plan, state_dict):
+        """The cached plan's (tensors to keep, value leaves) for `state_dict`,
+        or None. A value leaf that is a Stateful object is a miss: the C++
+        check takes any non-container as a value, and such an object must be
+        asked for its state, not pickled."""
+        matched = plan.cache.match(state_dict)
+        if matched is not None and any(map(stateful_mod.is_stateful, matched[1])):
+            return None
+        return matched
 
     def save(self, state_dict, *, checkpoint_id: str) -> None:
         """Saves and returns once the checkpoint is committed."""
@@ -551,20 +580,48 @@ class Checkpointer:
                 "local_shape": list(t.shape), "region": region,
                 "offset": t.data_ptr() - base, "length": t.numel() * t.element_size()}
 
+    # -- which checkpoints ----------------------------------------------------
+
+    def list_checkpoints(self) -> List[str]:
+        """The job's committed checkpoints, oldest commit first."""
+        self._submitter.wait_idle()  # the client is not shared with the submit thread
+        committed = [c for c in self.client.list() if c["committed"]]
+        committed.sort(key=lambda c: (c["committed_unix_micros"], c["checkpoint"]))
+        return [c["checkpoint"] for c in committed]
+
+    def latest_checkpoint(self) -> Optional[str]:
+        """The checkpoint "latest" loads (the newest committed), or None."""
+        self._submitter.wait_idle()
+        for c in self.client.list():
+            if c["latest"]:
+                return c["checkpoint"]
+        return None
+
     # -- load ---------------------------------------------------------------
 
     def load(self, state_dict, *, checkpoint_id: str = "latest",
              allow_missing: bool = False) -> str:
         """Fills `state_dict` in place from `checkpoint_id` ("latest": the
         newest committed), whatever sharding saved it: tensors are written
-        into, Python values are replaced by the saved ones. Returns the
+        into, Python values are replaced by the saved ones, and Stateful
+        objects are given their state back (stateful.py). Returns the
         checkpoint's name."""
+        resolved = stateful_mod.ResolvedState(state_dict)
+        name = self._load_resolved(resolved.state_dict, checkpoint_id, allow_missing)
+        resolved.finish_load()
+        return name
+
+    def _load_resolved(self, state_dict, checkpoint_id: str, allow_missing: bool) -> str:
+        """load() into a state dict without Stateful objects."""
         self._submitter.wait_idle()  # the client is not shared with the submit thread
         first = self.client._load(checkpoint_id, [], [INDEX_FQN], True)
         name = first["checkpoint"]
         index = Index.decode(first["byte_items"].get(INDEX_FQN))
         leaves, paths = flatten_mod.flatten(state_dict)
-        tensors, values = split_leaves(leaves)
+        try:
+            tensors, values = split_leaves(leaves)
+        except ValueError as e:
+            raise errors_mod.InvalidStateDict(str(e)) from None
         gpu_targets = [e.local for e in tensors.values() if self._on_gpu(e.local)]
         if gpu_targets:
             # The daemon's copies are not ordered after work the trainer
@@ -614,9 +671,16 @@ class Checkpointer:
             items.append(self._load_item(fqn, buf, (cap,), (0,)))
             after.append(("value", fqn, buf, length))
         if missing_values and not allow_missing:
-            raise ckptd.Error(f"NOT_FOUND: values {missing_values} are not in "
-                              f"{self.job}/{name}")
-        result = self.client._load(name, items, [], allow_missing)
+            raise errors_mod.missing_keys(missing_values, self.job, name)
+        try:
+            result = self.client._load(name, items, [], allow_missing)
+        except ckptd.Error as e:
+            # The daemon refuses a load naming the first tensor it lacks,
+            # before it writes any byte; DCP's planner words it so.
+            m = _NOT_STORED.search(str(e))
+            if m is None:
+                raise
+            raise errors_mod.missing_keys([m["fqn"]], self.job, name) from e
         skipped = set(result["missing"])
         for kind, fqn, *rest in after:  # fqn: the stored item it needs
             if fqn in skipped:

@@ -21,13 +21,69 @@ says what happened:
 Thread-safety: plain exception classes.
 """
 
+import importlib.util
 import re
 
 from ckptd.dtypes import TORCH_BY_SAFETENSORS
 
 
-class CkptdError(RuntimeError):
-    """An error reported by the ckptd daemon or the client library."""
+def _dcp_exception_base():
+    """torch.distributed.checkpoint's CheckpointException where torch is
+    installed (code written for DCP catches it), else nothing: the package
+    also serves numpy users without torch, who should not pay torch's import."""
+    if importlib.util.find_spec("torch") is None:
+        return ()
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+    except ImportError:  # a torch built without torch.distributed
+        return ()
+    return (CheckpointException,)
+
+
+class CkptdError(RuntimeError, *_dcp_exception_base()):
+    """An error reported by the ckptd daemon or the client library.
+
+    Also a RuntimeError, and, where torch is installed, DCP's
+    CheckpointException (a BaseException there), so `except Exception`
+    and `except CheckpointException` both catch it. `failures` maps ranks to
+    (exception, traceback) as DCP's does: the ranks whose errors this one
+    reports, where known (empty otherwise)."""
+
+    def __init__(self, message="", failures=None):
+        RuntimeError.__init__(self, message)
+        self._failures = dict(failures or {})
+
+    @property
+    def failures(self):
+        return self._failures
+
+    # DCP's __str__ lists the failures' tracebacks; ckptd's messages name
+    # the rank, fqn and cause themselves.
+    __str__ = RuntimeError.__str__
+
+
+class InvalidStateDict(CkptdError, ValueError):
+    """The state dict given to a load holds what cannot be loaded into (a
+    tensor on the meta device, an unsupported dtype); names the fqn."""
+
+
+class MissingKeys(CkptdError, KeyError):
+    """Keys of the state dict the checkpoint does not hold (a load without
+    allow_partial_load). The message starts as DCP's default planner's
+    ("Missing key in checkpoint state_dict: FQN."), which code written for
+    DCP matches; `keys` lists them all."""
+
+    def __init__(self, message="", keys=()):
+        super().__init__(message)
+        self.keys = list(keys)
+
+    __str__ = RuntimeError.__str__
+
+
+def missing_keys(keys, job, checkpoint):
+    keys = sorted(keys)
+    return MissingKeys(f"Missing key in checkpoint state_dict: {keys[0]}. "
+                       f"({len(keys)} missing from {job}/{checkpoint}: {keys})", keys)
 
 
 class DaemonUnavailable(CkptdError):

@@ -53,14 +53,16 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from ckptd import values as values_mod
+from ckptd.errors import CkptdError
 
 
-class ReplicaMismatchError(ValueError):
+class ReplicaMismatchError(CkptdError, ValueError):
     """Ranks hold different state under the same fqn."""
 
 
-class SaveInputError(ValueError):
-    """A rank's state dict cannot be saved (the message names rank and fqn)."""
+class SaveInputError(CkptdError, ValueError):
+    """A rank's state dict cannot be saved (the message names rank and fqn),
+    or ranks named different checkpoints."""
 
 
 Descriptions = Dict[str, tuple]
@@ -103,7 +105,7 @@ class ReplicaExchange:
         return self._dist is not None and len(self.ranks) > 1
 
     def exchange(self, error: Optional[str], key: Callable[[], bytes],
-                 detailed: Callable[[], Descriptions]
+                 detailed: Callable[[], Descriptions], names: Tuple[str, str] = ("", "")
                  ) -> Tuple[Union[Tuple[int, ...], Dict[str, List[int]]], Optional[Descriptions]]:
         """Who holds each of this rank's plain leaves, over every rank's.
 
@@ -115,17 +117,21 @@ class ReplicaExchange:
         descriptions are everyone's), else {fqn: holders (global ranks)}
         with merged = {fqn: the holders' description} over every rank's
         leaves. Raises SaveInputError if any rank's input is bad,
-        ReplicaMismatchError if holders of an fqn disagree."""
+        ReplicaMismatchError if holders of an fqn disagree, SaveInputError
+        if ranks name different (job, checkpoint)s in `names` (a typo, or a
+        timestamp in the name: the daemon would wait for ranks that never
+        come to either checkpoint)."""
         if not self.compares:
             if error is not None:
                 raise SaveInputError(error)
             return tuple(self.ranks), None
-        mine = values_mod.digest(pickle.dumps((error, None if error else key()), protocol=4))
+        mine = values_mod.digest(
+            pickle.dumps((names, error, None if error else key()), protocol=4))
         keys = self._all_gather_key(mine)
         if error is None and all(k == mine for k in keys):
             return tuple(self.ranks), None
         gathered = [None] * len(self.ranks)
-        local = (error, [] if error else sorted(detailed().items()))
+        local = (error, [] if error else sorted(detailed().items()), names)
         self._dist.all_gather_object(gathered, local, group=self._group)
         return _merge(dict(zip(self.ranks, gathered)))
 
@@ -137,11 +143,21 @@ class ReplicaExchange:
 
 
 def _merge(by_rank: Dict[int, tuple]) -> Tuple[Dict[str, List[int]], Descriptions]:
-    errors = [f"rank {r}: {e}" for r, (e, _) in sorted(by_rank.items()) if e is not None]
+    by_names: Dict[Tuple[str, str], List[int]] = {}
+    for rank, (_, _, names) in sorted(by_rank.items()):
+        by_names.setdefault(names, []).append(rank)
+    if len(by_names) > 1:
+        raise SaveInputError(
+            "ranks save under different names: " + "; ".join(
+                f"ranks {ranks} job {job!r} checkpoint {checkpoint!r}"
+                for (job, checkpoint), ranks in by_names.items()) +
+            ". Every rank of a save passes the same job and checkpoint_id; "
+            "nothing was saved.")
+    errors = [f"rank {r}: {e}" for r, (e, _, _) in sorted(by_rank.items()) if e is not None]
     if errors:
         raise SaveInputError("; ".join(errors))
     holders: Dict[str, Dict[tuple, List[int]]] = {}
-    for rank, (_, items) in sorted(by_rank.items()):
+    for rank, (_, items, _) in sorted(by_rank.items()):
         for fqn, description in items:
             holders.setdefault(fqn, {}).setdefault(description, []).append(rank)
     merged: Descriptions = {}

@@ -57,6 +57,11 @@ def tensor_entry(fqn: str, value) -> Optional[TensorEntry]:
     else:
         return None
     t = entry.local
+    if t.device.type == "meta":
+        # As in DCP: a load fills tensors in place, so they must have memory.
+        raise ValueError(f"{fqn}: a tensor on the meta device has no memory to save from "
+                         f"or load into; materialize the state first (for a model "
+                         f"built on the meta device: model.to_empty(device=...))")
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fqn}: only CPU and CUDA tensors are supported, got {t.device}")
     if t.layout != torch.strided or getattr(t, "is_nested", False):

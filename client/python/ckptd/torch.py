@@ -33,24 +33,34 @@ async_save/save together (they run one small collective, on a gloo group
 the package makes at the first save, after the call has returned), as with
 DCP; load needs no collective.
 
-The job defaults to $CKPTD_JOB (else "default"), the socket to the daemon's
-default. Each (job, socket, process_group) keeps one Checkpointer
+Objects with state_dict() and load_state_dict() (DCP's Stateful: a model,
+an optimizer, an application's state), at any depth of the dict, are asked
+for their state at save and given it back at load, as DCP does
+(stateful.py). Errors are ckptd.CkptdError, which is also DCP's
+CheckpointException; ranks that pass different job or checkpoint names
+fail together within the save's exchange, naming the names.
+
+The job defaults to $CKPTD_JOB (else "default"), the socket to
+$CKPTD_SOCKET (else the daemon's default). Each (job, socket,
+process_group) keeps one Checkpointer
 (`checkpointer.py`) for the life of the process.
 
 Thread-safety: call from one thread (the training loop's).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from ckptd import default_socket
 from ckptd.checkpointer import Checkpointer, default_job
-from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable, SaveFailed,
-                          StateMismatch)
+from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable,
+                          InvalidStateDict, MissingKeys, SaveFailed, StateMismatch)
 from ckptd.replica_exchange import ReplicaMismatchError, SaveInputError
 from ckptd.save_response import AsyncSaveResponse
 
-__all__ = ["async_save", "save", "load", "checkpointer", "Checkpointer",
-           "AsyncSaveResponse", "ReplicaMismatchError", "SaveInputError", "CkptdError",
-           "DaemonUnavailable", "CheckpointNotFound", "StateMismatch", "SaveFailed"]
+__all__ = ["async_save", "save", "load", "list_checkpoints", "latest_checkpoint",
+           "checkpointer", "Checkpointer", "AsyncSaveResponse", "ReplicaMismatchError",
+           "SaveInputError", "CkptdError", "DaemonUnavailable", "CheckpointNotFound",
+           "StateMismatch", "SaveFailed", "MissingKeys", "InvalidStateDict"]
 
 _checkpointers: Dict[Tuple, Checkpointer] = {}
 
@@ -58,6 +68,7 @@ _checkpointers: Dict[Tuple, Checkpointer] = {}
 def checkpointer(job: Optional[str] = None, socket: Optional[str] = None,
                  process_group=None) -> Checkpointer:
     """The process's Checkpointer for (job, socket, process_group)."""
+    socket = socket or default_socket()
     key = (job or default_job(), socket, id(process_group))
     c = _checkpointers.get(key)
     if c is None:
@@ -91,10 +102,30 @@ def save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
 
 def load(state_dict, *, checkpoint_id: str = "latest", job: Optional[str] = None,
          socket: Optional[str] = None, process_group=None,
-         allow_missing: bool = False) -> str:
+         allow_partial_load: bool = False, allow_missing: bool = False) -> str:
     """Loads checkpoint `checkpoint_id` ("latest": the newest committed) into
     `state_dict` in place, whatever world size and sharding saved it:
-    tensors (DTensors included) are filled, Python values replaced. Returns
-    the checkpoint's name."""
+    tensors (DTensors included) are filled, Python values replaced, and
+    Stateful objects given their state (load_state_dict). Returns the
+    checkpoint's name.
+
+    A key of `state_dict` the checkpoint lacks raises MissingKeys ("Missing
+    key in checkpoint state_dict: ...", as DCP's planner) before any byte is
+    written; with allow_partial_load (DCP's DefaultLoadPlanner flag;
+    allow_missing is its older name here) such keys keep their values. Keys
+    the checkpoint has and the state dict lacks are not loaded, as in DCP."""
     return checkpointer(job, socket, process_group).load(
-        state_dict, checkpoint_id=checkpoint_id, allow_missing=allow_missing)
+        state_dict, checkpoint_id=checkpoint_id,
+        allow_missing=allow_partial_load or allow_missing)
+
+
+def list_checkpoints(*, job: Optional[str] = None, socket: Optional[str] = None,
+                     process_group=None) -> List[str]:
+    """The job's committed checkpoints, oldest commit first."""
+    return checkpointer(job, socket, process_group).list_checkpoints()
+
+
+def latest_checkpoint(*, job: Optional[str] = None, socket: Optional[str] = None,
+                      process_group=None) -> Optional[str]:
+    """The newest committed checkpoint of the job ("latest"), or None."""
+    return checkpointer(job, socket, process_group).latest_checkpoint()

@@ -1,0 +1,278 @@
+"""ckptd.torch keeps torch.distributed.checkpoint's contract (docs/DCP.md):
+Stateful objects at any depth, DCP's exception type and missing-key report,
+allow_partial_load, listing checkpoints, $CKPTD_SOCKET, and ranks that name
+different checkpoints failing fast. Against a real daemon.
+
+Run by ctest as: python -m unittest test_dcp_contract (in this directory),
+with PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
+"""
+
+import os
+import time
+import unittest
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+
+import ckptd
+import ckptd.torch as ckpt
+from test_ckptd import Daemon, run_ranks
+from test_torch_api import TinyModel, _init, assert_same, train_steps
+
+
+class AppState:
+    """An application object with DCP's Stateful methods and a plain
+    attribute: what torchtitan's TrainState is like."""
+
+    def __init__(self, step=0, tokens=0):
+        self.step = step
+        self.tokens = tokens
+        self.loaded = 0  # load_state_dict calls
+
+    def state_dict(self):
+        return {"step": self.step, "tokens": torch.tensor(self.tokens)}
+
+    def load_state_dict(self, sd):
+        self.step = sd["step"]
+        self.tokens = int(sd["tokens"])
+        self.loaded += 1
+
+
+class Wrapper:
+    """A Stateful whose state_dict holds another Stateful (a container of
+    optimizers, say)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.given = None
+
+    def state_dict(self):
+        return {"inner": self.inner, "version": 3}
+
+    def load_state_dict(self, sd):
+        self.given = sd
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class DcpContractTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def save(self, sd, name, job):
+        ckpt.save(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
+
+    def load(self, sd, job, name="latest", **kwargs):
+        return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket, **kwargs)
+
+    def test_stateful_model_and_optimizer_are_restored_not_replaced(self):
+        """The silent wrong resume: a picklable nn.Module, an optimizer and
+        an application object passed as DCP passes them. The load must
+        restore the live objects' state (not replace the dict's entries by
+        unpickled copies, leaving the model at its later weights)."""
+        torch.manual_seed(0)
+        model = TinyModel()
+        optim = torch.optim.AdamW(model.parameters(), lr=0.01)
+        train_steps(model, optim, 2, seed=1)
+        app = AppState(step=2, tokens=4096)
+        sd = {"model": model, "optimizer": optim, "app": app}
+        self.save(sd, "step-2", "stateful")
+        saved_model, saved_optim = snapshot(model), optim.state_dict()
+        saved_optim = {"state": {k: {n: t.clone() for n, t in v.items()}
+                                 for k, v in saved_optim["state"].items()},
+                       "param_groups": saved_optim["param_groups"]}
+
+        train_steps(model, optim, 3, seed=2)  # the run goes on, then fails
+        app.step, app.tokens = 5, 9999
+        self.assertFalse(all(torch.equal(a, b) for a, b in
+                             zip(snapshot(model).values(), saved_model.values())))
+
+        self.assertEqual(self.load(sd, "stateful"), "step-2")
+        self.assertIs(sd["model"], model)
+        self.assertIs(sd["optimizer"], optim)
+        self.assertIs(sd["app"], app)
+        assert_same(self, snapshot(model), saved_model, "model")
+        got = optim.state_dict()
+        assert_same(self, got["state"], saved_optim["state"], "optimizer.state")
+        self.assertEqual(got["param_groups"], saved_optim["param_groups"])
+        self.assertEqual((app.step, app.tokens, app.loaded), (2, 4096, 1))
+
+        # The resumed run goes on exactly as the uninterrupted one would.
+        torch.manual_seed(0)
+        reference = TinyModel()
+        reference_optim = torch.optim.AdamW(reference.parameters(), lr=0.01)
+        train_steps(reference, reference_optim, 2, seed=1)
+        train_steps(reference, reference_optim, 1, seed=7)
+        train_steps(model, optim, 1, seed=7)
+        assert_same(self, snapshot(model), snapshot(reference), "resumed")
+
+    def test_stateful_at_any_depth_and_nested_in_a_stateful(self):
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 3)
+        app, inner = AppState(1, 10), AppState(7, 70)
+        wrapper = Wrapper(inner)
+        sd = {"train": {"parts": [model, {"app": app}], "epoch": 4},
+              "wrapped": wrapper, "plain": {"w": torch.arange(6.0)}}
+        saved = snapshot(model)
+        self.save(sd, "deep", "depth")
+        # The user's containers were not changed by the save.
+        self.assertIs(sd["train"]["parts"][0], model)
+        self.assertIs(sd["train"]["parts"][1]["app"], app)
+        self.assertIs(sd["wrapped"], wrapper)
+
+        with torch.no_grad():
+            model.weight.zero_()
+            model.bias.fill_(5)
+        app.step, inner.step = 0, 0
+        sd["train"]["epoch"] = 0
+        sd["plain"]["w"].zero_()
+        self.load(sd, "depth")
+
+        assert_same(self, snapshot(model), saved, "model")
+        self.assertEqual((app.step, app.tokens, inner.step, inner.tokens), (1, 10, 7, 70))
+        # A plain value is replaced in the user's own container, as DCP does.
+        self.assertEqual(sd["train"]["epoch"], 4)
+        self.assertTrue(torch.equal(sd["plain"]["w"], torch.arange(6.0)))
+        # The parent is given its children back as the objects, restored first.
+        self.assertIs(wrapper.given["inner"], inner)
+        self.assertEqual(wrapper.given["version"], 3)
+        self.assertEqual(inner.loaded, 1)
+        self.assertIs(sd["train"]["parts"][0], model)
+
+    def test_stock_dcp_reads_a_stateful_save_under_dcp_names(self):
+        """A model saved as a Stateful is stored under the fqns DCP gives
+        it ("model.weight"), so a plain state dict loads it too."""
+        model = torch.nn.Linear(5, 2)
+        self.save({"model": model}, "as-dcp", "names")
+        plain = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+        self.load(plain, "names")
+        assert_same(self, plain["model"], snapshot(model), "model")
+
+    def test_plan_is_reused_when_saving_the_same_stateful_objects(self):
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+        app = AppState(1, 1)
+        sd = {"model": model, "app": app}
+        c = ckpt.checkpointer("plan-reuse", self.daemon.socket)
+        self.save(sd, "a", "plan-reuse")
+        plan = c._plan
+        app.step = 2
+        self.save(sd, "b", "plan-reuse")
+        self.assertIs(c._plan, plan)
+        app.step = 0
+        self.load(sd, "plan-reuse")
+        self.assertEqual(app.step, 2)
+        # A value leaf that becomes a Stateful object is not pickled as a
+        # value by a matched plan: it is asked for its state.
+        plain = {"app": 5, "w": torch.ones(3)}
+        self.save(plain, "c", "plan-reuse-2")
+        plain["app"] = AppState(3, 3)
+        self.save(plain, "d", "plan-reuse-2")
+        fresh = {"app": AppState(), "w": torch.zeros(3)}
+        self.load(fresh, "plan-reuse-2")
+        self.assertEqual((fresh["app"].step, fresh["app"].tokens), (3, 3))
+
+    def test_errors_are_dcp_checkpoint_exceptions(self):
+        with self.assertRaises(CheckpointException) as e:
+            self.load({"w": torch.zeros(2)}, "no-such-job")
+        self.assertIsInstance(e.exception, ckpt.CheckpointNotFound)
+        self.assertIsInstance(e.exception, ckptd.CkptdError)
+        self.assertIsInstance(e.exception, Exception)
+        self.assertIn("no-such-job", str(e.exception))
+        self.assertEqual(e.exception.failures, {})
+
+    def test_missing_keys_as_dcp_reports_them_and_partial_load(self):
+        self.save({"a": torch.arange(4.0), "v": 1}, "s", "missing")
+        sd = {"a": torch.zeros(4), "b": torch.full((2,), 7.0), "v": None}
+        with self.assertRaises(ckpt.MissingKeys) as e:
+            self.load(sd, "missing")
+        self.assertIsInstance(e.exception, CheckpointException)
+        self.assertTrue(str(e.exception).startswith(
+            "Missing key in checkpoint state_dict: b."), str(e.exception))
+        # Refused before any byte was written.
+        self.assertTrue(torch.equal(sd["a"], torch.zeros(4)))
+        self.assertIsNone(sd["v"])
+        missing_value = {"a": torch.zeros(4), "u": 3}
+        with self.assertRaises(ckpt.MissingKeys) as e:
+            self.load(missing_value, "missing")
+        self.assertEqual(e.exception.keys, ["u"])
+
+        self.load(sd, "missing", allow_partial_load=True)
+        self.assertTrue(torch.equal(sd["a"], torch.arange(4.0)))
+        self.assertTrue(torch.equal(sd["b"], torch.full((2,), 7.0)))
+        self.assertEqual(sd["v"], 1)
+
+    def test_meta_device_state_is_refused_with_the_way_out(self):
+        """As in DCP, a load fills allocated tensors; a model built on the
+        meta device gets an error that says so, and nothing is loaded."""
+        self.save({"model": torch.nn.Linear(3, 2)}, "m", "meta")
+        with torch.device("meta"):
+            meta_model = torch.nn.Linear(3, 2)
+        with self.assertRaises(ckpt.InvalidStateDict) as e:
+            self.load({"model": meta_model}, "meta")
+        self.assertIsInstance(e.exception, CheckpointException)
+        self.assertIn("model.weight", str(e.exception))
+        self.assertIn("to_empty", str(e.exception))
+        meta_model.to_empty(device="cpu")
+        self.load({"model": meta_model}, "meta")
+
+    def test_list_and_latest_checkpoint(self):
+        job = "listing"
+        kw = {"job": job, "socket": self.daemon.socket}
+        self.assertEqual(ckpt.list_checkpoints(**kw), [])
+        self.assertIsNone(ckpt.latest_checkpoint(**kw))
+        for name in ("step-3", "step-1", "step-2"):  # commit order, not name order
+            self.save({"w": torch.ones(2)}, name, job)
+        self.assertEqual(ckpt.list_checkpoints(**kw), ["step-3", "step-1", "step-2"])
+        self.assertEqual(ckpt.latest_checkpoint(**kw), "step-2")
+
+    def test_socket_from_the_environment(self):
+        os.environ["CKPTD_SOCKET"] = self.daemon.socket
+        try:
+            ckpt.save({"w": torch.ones(3)}, checkpoint_id="env", job="env-socket")
+            self.assertEqual(ckpt.latest_checkpoint(job="env-socket"), "env")
+        finally:
+            del os.environ["CKPTD_SOCKET"]
+
+    def test_ranks_that_name_different_checkpoints_fail_fast(self):
+        store = os.path.join(self.daemon.dir, "names-store")
+        start = time.monotonic()
+        self.assertEqual(run_ranks(different_names_rank, 2, self.daemon.socket, store),
+                         [0, 0])
+        # The daemon's wait for the local ranks is 10 minutes; the exchange
+        # finds the difference at once (process start-up dominates).
+        self.assertLess(time.monotonic() - start, 120)
+
+
+def different_names_rank(socket, store, rank, world):
+    """Rank 1 saves under another job, then under another checkpoint name:
+    both ranks fail in the exchange, naming the names."""
+    dist = _init(store, rank, world)
+    try:
+        sd = {"w": torch.ones(4)}
+        r = ckpt.async_save(sd, checkpoint_id="step-1", job=f"names-{rank}", socket=socket)
+        try:
+            r.upload_completion.result(timeout=60)
+            raise AssertionError("ranks saving under different jobs succeeded")
+        except ckpt.SaveInputError as e:
+            assert "'names-0'" in str(e) and "'names-1'" in str(e), str(e)
+        r = ckpt.async_save(sd, checkpoint_id=f"step-{time.time_ns() + rank}",
+                            job="names", socket=socket)
+        try:
+            r.upload_completion.result(timeout=60)
+            raise AssertionError("ranks saving under different names succeeded")
+        except ckpt.SaveInputError as e:
+            assert "different names" in str(e), str(e)
+        ckpt.save(sd, checkpoint_id="agreed", job="names", socket=socket)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    unittest.main()
