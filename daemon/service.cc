@@ -283,10 +283,15 @@ grpc::ServerUnaryReactor* CkptdService::OpenSession(
   return WithSession(
       c_, context, *request,
       [&](const std::shared_ptr<Session>& session) {
-        absl::Status status =
-            session->Open(*request, c_.options->node_id, c_.options->nodes);
+        // Another user's session must not join a job: its hang-up would
+        // fail the job's in-flight checkpoint. The job's owner decides
+        // where it has a directory, its open sessions' user before that.
+        absl::Status status = MayUseJob(*c_.store, *session, request->job());
         if (status.ok()) {
-          c_.saves->OnSessionOpened(session);
+          status = c_.saves->OpenSession(session, *request, c_.options->node_id,
+                                         c_.options->nodes);
+        }
+        if (status.ok()) {
           response->set_session_id(session->id());
           response->set_daemon_pid(static_cast<uint32_t>(::getpid()));
           response->set_staging_pool_bytes(c_.pool->pool_bytes());

@@ -2,10 +2,39 @@
 
 #include <iterator>
 
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
 namespace ckpt {
 
 void OpenSessions::Opened(const std::shared_ptr<Session>& session) {
   absl::MutexLock lock(&mu_);
+  AddLocked(session);
+}
+
+absl::Status OpenSessions::Open(const std::shared_ptr<Session>& session,
+                                absl::string_view job,
+                                const std::function<absl::Status()>& open) {
+  absl::MutexLock lock(&mu_);
+  if (session->uid() != 0) {
+    for (const auto& [id, weak] : sessions_) {
+      const std::shared_ptr<Session> other = weak.lock();
+      if (other == nullptr || other->closed() || other->job() != job ||
+          other->uid() == session->uid()) {
+        continue;
+      }
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job '", job, "' has open sessions of uid ", other->uid(),
+          "; this trainer runs as uid ", session->uid(),
+          " (the ranks of a job are one user's)"));
+    }
+  }
+  RETURN_IF_ERROR(open());
+  AddLocked(session);
+  return absl::OkStatus();
+}
+
+void OpenSessions::AddLocked(const std::shared_ptr<Session>& session) {
   sessions_[session->id()] = session;
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     const std::shared_ptr<Session> open = it->second.lock();

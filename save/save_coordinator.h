@@ -114,10 +114,16 @@ class SaveCoordinator {
   absl::StatusOr<GarbageCollection> CollectGarbage(
       absl::string_view job);
 
-  // A trainer's session opened: a checkpoint of its job that times out
-  // waiting for ranks names its rank as connected.
-  void OnSessionOpened(const std::shared_ptr<Session>& session) {
-    open_sessions_.Opened(session);
+  // Opens a trainer's session (Session::Open with `request`) unless open
+  // sessions of its job are another user's (OpenSessions::Open); once open,
+  // a checkpoint of its job that times out waiting for ranks names its rank
+  // as connected.
+  absl::Status OpenSession(const std::shared_ptr<Session>& session,
+                           const v1::OpenSessionRequest& request, uint32_t node_id,
+                           uint32_t nodes) {
+    return open_sessions_.Open(session, request.job(), [&] {
+      return session->Open(request, node_id, nodes);
+    });
   }
   // Fails in-flight checkpoints of the session's job that still wait for
   // the session's rank.

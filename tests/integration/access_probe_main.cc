@@ -5,6 +5,8 @@
 //   ckpt-access-probe SOCKET load JOB CHECKPOINT   a load of that byte item
 //   ckpt-access-probe SOCKET token TOKEN_HEX       OpenSession with a token
 //                                                  this process did not get
+//   ckpt-access-probe SOCKET open JOB RANK WORLD   opens a session as that
+//                                                  rank, then hangs up
 //
 // Prints the call's status and exits 0 if it succeeded, 3 if it was refused
 // with PERMISSION_DENIED, 1 for any other error.
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "ckpt/v1/control.grpc.pb.h"
 #include "client/ckpt_client.h"
 #include "common/status.h"
@@ -64,6 +67,20 @@ absl::Status UseToken(const std::string& socket, const std::string& token_hex) {
   return ckpt::FromGrpc(stub->OpenSession(&context, request, &response), "OpenSession");
 }
 
+// What a user would try against another's in-flight checkpoint: join its
+// job as one of its ranks, then hang up.
+absl::Status OpenAndHangUp(const std::string& socket, const std::string& job,
+                           const std::string& rank, const std::string& world) {
+  uint32_t r = 0, w = 0;
+  if (!absl::SimpleAtoi(rank, &r) || !absl::SimpleAtoi(world, &w)) {
+    return absl::InvalidArgumentError("RANK and WORLD are numbers");
+  }
+  return ckpt::Client::Connect(
+             {.socket = socket, .job = job, .rank = r, .world_size = w,
+              .local_world_size = w})
+      .status();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,8 +93,12 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[2]) == "token") {
     return Report(UseToken(argv[1], argv[3]));
   }
+  if (argc == 6 && std::string(argv[2]) == "open") {
+    return Report(OpenAndHangUp(argv[1], argv[3], argv[4], argv[5]));
+  }
   std::fprintf(stderr,
                "usage: ckpt-access-probe SOCKET save|load JOB CHECKPOINT\n"
-               "       ckpt-access-probe SOCKET token TOKEN_HEX\n");
+               "       ckpt-access-probe SOCKET token TOKEN_HEX\n"
+               "       ckpt-access-probe SOCKET open JOB RANK WORLD\n");
   return 2;
 }

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/handshake_frame.h"
+#include "client/ckpt_client.h"
 #include "common/unique_fd.h"
 #include "integration/daemon_fixture.h"
 #include "support/skip.h"
@@ -184,6 +185,67 @@ TEST_CASE("isolation: only root, the daemon's user and the socket group may "
   ProcessResult r = d.Ctl(kMallory, {}, {"list"});
   INFO(r.out);
   CHECK(r.exit_code != 0);
+}
+
+namespace {
+
+// Rank `rank` of the two-rank job "shared-name", saving one byte item.
+absl::StatusOr<std::unique_ptr<SaveHandle>> SaveByteItem(Client& client, uint32_t rank) {
+  v1::SaveRequest request;
+  request.set_job("shared-name");
+  request.set_checkpoint("step-1");
+  v1::ByteItem* item = request.add_byte_items();
+  item->set_fqn(absl::StrCat("rank", rank));
+  item->set_data("state");
+  return client.Save(std::move(request));
+}
+
+}  // namespace
+
+TEST_CASE("isolation: another user cannot join a job's ranks, before or after "
+          "its directory exists, so cannot fail its in-flight checkpoint") {
+  if (!CanActAsOtherUsers()) CKPT_SKIP("needs root and setpriv to run clients as other uids");
+  IsolatedDaemon d;
+  const std::vector<gid_t> user = {kSocketGroup};
+  auto connect = [&](uint32_t rank) {
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(
+        {.socket = d.daemon.socket(), .job = "shared-name", .rank = rank,
+         .world_size = 2, .local_world_size = 2});
+    REQUIRE(c.ok());
+    return *std::move(c);
+  };
+  // This process (root) is rank 0 of a job no save has created yet.
+  std::unique_ptr<Client> rank0 = connect(0);
+  ProcessResult early = d.Probe(kBob, user, {"open", "shared-name", "1", "2"});
+  INFO(early.out);
+  CHECK(early.exit_code == kProbeRefused);
+  CHECK(absl::StrContains(early.out, "has open sessions of uid 0"));
+
+  // Rank 0 submits; the checkpoint waits for rank 1. Bob's session as rank
+  // 1, hanging up at once, used to fail it ("rank 1 disconnected").
+  absl::StatusOr<std::unique_ptr<SaveHandle>> save0 = SaveByteItem(*rank0, 0);
+  REQUIRE(save0.ok());
+  ProcessResult late = d.Probe(kBob, user, {"open", "shared-name", "1", "2"});
+  INFO(late.out);
+  CHECK(late.exit_code == kProbeRefused);
+
+  std::unique_ptr<Client> rank1 = connect(1);
+  absl::StatusOr<std::unique_ptr<SaveHandle>> save1 = SaveByteItem(*rank1, 1);
+  REQUIRE(save1.ok());
+  absl::Status committed0 = (*save0)->WaitCommitted();
+  INFO(committed0.ToString());
+  CHECK(committed0.ok());
+  CHECK((*save1)->WaitCommitted().ok());
+
+  // With every session of the job closed, its directory (root's) decides.
+  rank0.reset();
+  rank1.reset();
+  ProcessResult after = d.Probe(kBob, user, {"open", "shared-name", "1", "2"});
+  INFO(after.out);
+  CHECK(after.exit_code == kProbeRefused);
+  CHECK(absl::StrContains(after.out, "belongs to uid 0"));
+  // A job of Bob's own, with no session of anyone else, is his to open.
+  CHECK(d.Probe(kBob, user, {"open", "bobs-job", "0", "1"}).exit_code == 0);
 }
 
 TEST_CASE("isolation: a session token is refused from any process but its "

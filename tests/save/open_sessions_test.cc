@@ -6,6 +6,9 @@
 #include <optional>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "support/own_process_session.h"
 
 namespace ckpt::testing {
@@ -54,6 +57,55 @@ TEST_CASE(
   CHECK(open.Ranks("job", 4).empty());
   CHECK(open.Ranks("job", 8).empty());
   CHECK(RanksOf(open.Ranks("other", 4)) == std::vector<uint32_t>{1});
+}
+
+TEST_CASE(
+    "OpenSessions keeps a job's open sessions to one user: another uid is "
+    "refused before its session opens, until the job's sessions have closed",
+    "[open_sessions]") {
+  OpenSessions open;
+  const OwnSessionSpec rank0{.session_id = 1, .job = "job", .rank = 0, .world_size = 2,
+                             .local_world_size = 2};
+  std::shared_ptr<Session> mine = OwnProcessSession(rank0);
+  REQUIRE(open.Open(mine, "job", [&] { return mine->Open(OpenRequestOf(rank0), 0, 1); })
+              .ok());
+  CHECK(RanksOf(open.Ranks("job", 2)) == std::vector<uint32_t>{0});
+
+  // Another uid as rank 1 of the same job: refused, its session never
+  // opened (so its hang-up cannot touch the job's checkpoints).
+  const uid_t other_uid = ::getuid() == 61002 ? 61003 : 61002;
+  const OwnSessionSpec rank1{.session_id = 2, .job = "job", .rank = 1, .world_size = 2,
+                             .local_world_size = 2};
+  std::shared_ptr<Session> theirs = OwnProcessSession(rank1, other_uid);
+  bool opened_theirs = false;
+  auto open_theirs = [&] {
+    opened_theirs = true;
+    return absl::OkStatus();
+  };
+  const absl::Status refused = open.Open(theirs, "job", open_theirs);
+  INFO(refused);
+  CHECK(absl::IsPermissionDenied(refused));
+  CHECK(absl::StrContains(refused.message(), absl::StrCat("uid ", ::getuid())));
+  CHECK(absl::StrContains(refused.message(), absl::StrCat("uid ", other_uid)));
+  CHECK_FALSE(opened_theirs);
+  CHECK_FALSE(theirs->opened());
+  CHECK(RanksOf(open.Ranks("job", 2)) == std::vector<uint32_t>{0});
+
+  // Another job is theirs to open; an error of the open itself is returned
+  // and nothing recorded.
+  const absl::Status failed = open.Open(theirs, "their-job", [] {
+    return absl::InvalidArgumentError("bad request");
+  });
+  CHECK(absl::IsInvalidArgument(failed));
+  CHECK(open.Open(theirs, "their-job", open_theirs).ok());
+  CHECK(opened_theirs);
+
+  // Once the job's sessions have closed, its name is free again.
+  open.Closed(*mine);
+  mine->MarkClosed();
+  opened_theirs = false;
+  CHECK(open.Open(theirs, "job", open_theirs).ok());
+  CHECK(opened_theirs);
 }
 
 }  // namespace

@@ -192,15 +192,19 @@ SaveHarness::Rank& SaveHarness::AddRank(uint32_t rank, uint32_t world_size,
                                         uint32_t local_world_size) {
   Rank& r = ranks_.emplace_back();
   r.rank = rank;
-  r.session = OpenOwnProcessSession(
-      {.session_id = options_.node_id * 1000u + rank + 1,
-       .job = kJob,
-       .rank = rank,
-       .world_size = world_size,
-       .local_world_size = local_world_size,
-       .node_id = options_.node_id,
-       .nodes = options_.nodes});
-  coordinator().OnSessionOpened(r.session);  // as the daemon's OpenSession
+  const OwnSessionSpec spec{.session_id = options_.node_id * 1000u + rank + 1,
+                            .job = kJob,
+                            .rank = rank,
+                            .world_size = world_size,
+                            .local_world_size = local_world_size,
+                            .node_id = options_.node_id,
+                            .nodes = options_.nodes};
+  r.session = OwnProcessSession(spec);
+  // As the daemon's OpenSession opens it.
+  const absl::Status opened = coordinator().OpenSession(
+      r.session, OpenRequestOf(spec), spec.node_id, spec.nodes);
+  INFO(opened);
+  REQUIRE(opened.ok());
   r.memory = RankPattern((kWeightElements + kBiasElements) * 4, rank);
   const uint64_t region =
       RegisterHostRegion(*r.session, r.memory.data(), r.memory.size());

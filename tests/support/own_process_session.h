@@ -42,14 +42,21 @@ struct OwnSessionSpec {
   std::optional<uint32_t> local_rank = std::nullopt;  // what the trainer says, if
 };
 
-// An opened session of this process, or the test fails.
-inline std::shared_ptr<Session> OpenOwnProcessSession(
-    const OwnSessionSpec& spec) {
+// A session of this process as the handshake makes it, not yet opened.
+// `uid`: what the handshake saw; another than this process's makes a
+// session that Session::Open refuses (its credentials do not match), for
+// tests of what happens before that.
+inline std::shared_ptr<Session> OwnProcessSession(const OwnSessionSpec& spec,
+                                                  uid_t uid = ::getuid()) {
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
   REQUIRE(pidfd.valid());
-  auto session = std::make_shared<Session>(
-      spec.session_id, absl::StrCat("token-", spec.session_id), ::getpid(),
-      ::getuid(), std::move(pidfd), SessionGpu{}, spec.layouts);
+  return std::make_shared<Session>(spec.session_id,
+                                   absl::StrCat("token-", spec.session_id), ::getpid(),
+                                   uid, std::move(pidfd), SessionGpu{}, spec.layouts);
+}
+
+// The OpenSession request of `spec`'s trainer.
+inline v1::OpenSessionRequest OpenRequestOf(const OwnSessionSpec& spec) {
   v1::OpenSessionRequest request;
   request.set_rank(spec.rank);
   request.set_world_size(spec.world_size);
@@ -57,7 +64,14 @@ inline std::shared_ptr<Session> OpenOwnProcessSession(
   request.set_node(spec.node_id);
   request.set_local_world_size(spec.local_world_size);
   if (spec.local_rank.has_value()) request.set_local_rank(*spec.local_rank);
-  const absl::Status opened = session->Open(request, spec.node_id, spec.nodes);
+  return request;
+}
+
+// An opened session of this process, or the test fails.
+inline std::shared_ptr<Session> OpenOwnProcessSession(
+    const OwnSessionSpec& spec) {
+  std::shared_ptr<Session> session = OwnProcessSession(spec);
+  const absl::Status opened = session->Open(OpenRequestOf(spec), spec.node_id, spec.nodes);
   INFO(opened);
   REQUIRE(opened.ok());
   return session;
