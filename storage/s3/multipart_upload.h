@@ -1,0 +1,48 @@
+// One large buffer of the caller's uploaded as an S3 multipart upload, with
+// several parts in flight at once: the remote tier's bulk path (a node's
+// checkpoint files from pinned buffers, issue 30).
+//
+// The buffer is cut into parts of part_size bytes (the last one shorter);
+// parts_in_flight threads take the next part in turn and upload it from the
+// caller's memory (no copy), each part retried on its own by the client's
+// retry policy. The first part that fails for good stops the others from
+// starting new parts, and the upload is aborted, so no half-made upload is
+// left on the server to be billed (the abort's own failure is reported
+// with the first error; startup recovery's ListMultipartUploads finds such
+// leftovers). Memory: the buffer is the caller's; the helper holds one
+// ETag per part.
+//
+// Thread-safety: UploadMultipart may run concurrently with any other client
+// call; it blocks until every thread it started has ended.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/s3/s3_client.h"
+
+namespace ckpt::s3 {
+
+// S3's limits on parts: every part but the last at least 5 MiB, at most
+// 5 GiB, and at most 10,000 parts.
+inline constexpr size_t kMinPartSize = 5ull << 20;
+inline constexpr size_t kMaxPartSize = 5ull << 30;
+inline constexpr int kMaxParts = 10'000;
+
+struct MultipartOptions {
+  size_t part_size = 64ull << 20;
+  int parts_in_flight = 4;  // 1..64
+};
+
+struct MultipartResult {
+  std::string etag;
+  int parts = 0;
+};
+
+absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_view bucket,
+                                                absl::string_view key, absl::string_view data,
+                                                const MultipartOptions& options);
+
+}  // namespace ckpt::s3
