@@ -50,19 +50,19 @@ struct HttpTransportOptions {
   // Cap on a response body read into memory (XML answers, error bodies).
   size_t max_response_bytes = 16 << 20;
   // A CA bundle for https:// endpoints; empty: the system's.
-  std::string ca_file;
+  std::string ca_file = {};
 };
 
 struct HttpRequest {
   std::string method;  // GET, HEAD, PUT, POST, DELETE
   std::string url;
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers = {};
   // Sent from this memory, which must outlive Perform (PUT and POST; may
   // be empty).
-  absl::string_view body;
+  absl::string_view body = {};
   // A 2xx answer's body is written here instead of into response.body
   // (more than fits is an error); empty: into response.body.
-  absl::Span<char> body_into;
+  absl::Span<char> body_into = {};
   absl::Duration timeout = absl::Minutes(1);
 };
 
@@ -71,7 +71,7 @@ struct HttpResponse {
   std::string body;           // unless it went to body_into
   size_t bytes_into = 0;      // bytes written to body_into
   // Response headers, names lower-cased (the last of a repeated name).
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers = {};
   absl::string_view Header(absl::string_view lower_case_name) const;
 };
 
