@@ -61,11 +61,20 @@ absl::Status HttpErrorStatus(const HttpResponse& response, std::string* s3_code)
         absl::StrAppend(&message, " (request id ", error->request_id, ")");
       }
     } else {
-      // Not S3's XML (a proxy's HTML page, say): a bounded excerpt of it.
+      // Not S3's XML (a proxy's HTML page, say): why it could not be read,
+      // not the page itself.
       absl::StrAppend(&message, " (unreadable error body: ", error.status().message(), ")");
     }
   }
   return absl::Status(CodeForHttpStatus(response.status), message);
+}
+
+// A parse of an answer's body, its error named like the call's own.
+template <typename T>
+absl::StatusOr<T> NamedParse(absl::StatusOr<T> parsed, absl::string_view operation,
+                             absl::string_view bucket, absl::string_view key) {
+  if (parsed.ok()) return parsed;
+  return Annotate(parsed.status(), absl::StrCat("S3 ", operation, " ", ObjectName(bucket, key)));
 }
 
 }  // namespace
@@ -185,9 +194,8 @@ absl::StatusOr<size_t> S3Client::GetObject(absl::string_view bucket, absl::strin
     call.headers.emplace_back(
         "range", absl::StrCat("bytes=", range->offset, "-", range->offset + range->length - 1));
   }
-  // An empty object writes nothing, so an empty span would do; the
-  // transport takes an empty span as "into response.body", which is
-  // capped, so an unexpectedly large object still fails safely.
+  // An empty `into` (an object expected empty) leaves the body to the
+  // transport's capped buffer; any byte there is then an error below.
   call.body_into = into;
   ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
   if (range && response.status != 206) {
@@ -195,7 +203,12 @@ absl::StatusOr<size_t> S3Client::GetObject(absl::string_view bucket, absl::strin
                                             ": the server ignored the Range header (HTTP ",
                                             response.status, ")"));
   }
-  return into.empty() ? response.body.size() : response.bytes_into;
+  if (into.empty() && !response.body.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("S3 GetObject ", ObjectName(bucket, key), ": ", response.body.size(),
+                     " or more bytes for an empty buffer"));
+  }
+  return response.bytes_into;
 }
 
 absl::StatusOr<ObjectSummary> S3Client::HeadObject(absl::string_view bucket,
@@ -227,13 +240,10 @@ absl::StatusOr<ListObjectsResult> S3Client::ListObjects(absl::string_view bucket
     if (!token.empty()) call.query.emplace_back("continuation-token", token);
     ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
     ++result.pages;
-    absl::StatusOr<ListObjectsPage> page = ParseListObjectsPage(response.body);
-    if (!page.ok()) {
-      return Annotate(page.status(), absl::StrCat("S3 ListObjectsV2 ", ObjectName(bucket, prefix),
-                                                  " page ", result.pages));
-    }
-    for (ObjectSummary& object : page->objects) result.objects.push_back(std::move(object));
-    for (std::string& common : page->common_prefixes) {
+    ASSIGN_OR_RETURN(ListObjectsPage page, NamedParse(ParseListObjectsPage(response.body),
+                                                      call.operation, bucket, prefix));
+    for (ObjectSummary& object : page.objects) result.objects.push_back(std::move(object));
+    for (std::string& common : page.common_prefixes) {
       result.common_prefixes.push_back(std::move(common));
     }
     if (result.objects.size() + result.common_prefixes.size() > options_.max_list_entries) {
@@ -241,8 +251,8 @@ absl::StatusOr<ListObjectsResult> S3Client::ListObjects(absl::string_view bucket
           absl::StrCat("S3 ListObjectsV2 ", ObjectName(bucket, prefix), ": more than ",
                        options_.max_list_entries, " entries (max_list_entries)"));
     }
-    if (!page->is_truncated) return result;
-    token = std::move(page->next_continuation_token);
+    if (!page.is_truncated) return result;
+    token = std::move(page.next_continuation_token);
     if (!tokens_seen.insert(token).second) {
       return absl::InternalError(absl::StrCat("S3 ListObjectsV2 ", ObjectName(bucket, prefix),
                                               ": the server repeated a continuation token"));
@@ -260,12 +270,7 @@ absl::StatusOr<std::string> S3Client::CreateMultipartUpload(absl::string_view bu
   Call call{.operation = "CreateMultipartUpload", .bucket = bucket, .key = key,
             .method = "POST", .query = {{"uploads", ""}}};
   ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
-  absl::StatusOr<std::string> id = ParseInitiateMultipartUpload(response.body);
-  if (!id.ok()) {
-    return Annotate(id.status(),
-                    absl::StrCat("S3 CreateMultipartUpload ", ObjectName(bucket, key)));
-  }
-  return id;
+  return NamedParse(ParseInitiateMultipartUpload(response.body), call.operation, bucket, key);
 }
 
 absl::StatusOr<std::string> S3Client::UploadPart(absl::string_view bucket,
@@ -294,12 +299,7 @@ absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(
             .headers = {{"content-type", "application/xml"}}, .body = body};
   ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
   // S3 may answer 200 and then an <Error> (the parse names it).
-  absl::StatusOr<std::string> etag = ParseCompleteMultipartUpload(response.body);
-  if (!etag.ok()) {
-    return Annotate(etag.status(),
-                    absl::StrCat("S3 CompleteMultipartUpload ", ObjectName(bucket, key)));
-  }
-  return etag;
+  return NamedParse(ParseCompleteMultipartUpload(response.body), call.operation, bucket, key);
 }
 
 absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
@@ -322,26 +322,23 @@ absl::StatusOr<std::vector<MultipartUploadSummary>> S3Client::ListMultipartUploa
       call.query.emplace_back("upload-id-marker", upload_id_marker);
     }
     ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
-    absl::StatusOr<MultipartUploadsPage> page = ParseMultipartUploadsPage(response.body);
-    if (!page.ok()) {
-      return Annotate(page.status(),
-                      absl::StrCat("S3 ListMultipartUploads ", ObjectName(bucket, prefix)));
-    }
-    for (MultipartUploadSummary& upload : page->uploads) uploads.push_back(std::move(upload));
+    ASSIGN_OR_RETURN(MultipartUploadsPage page,
+                     NamedParse(ParseMultipartUploadsPage(response.body), call.operation,
+                                bucket, prefix));
+    for (MultipartUploadSummary& upload : page.uploads) uploads.push_back(std::move(upload));
     if (uploads.size() > options_.max_list_entries) {
       return absl::ResourceExhaustedError(
           absl::StrCat("S3 ListMultipartUploads ", ObjectName(bucket, prefix), ": more than ",
                        options_.max_list_entries, " uploads (max_list_entries)"));
     }
-    if (!page->is_truncated) return uploads;
-    if (page->next_key_marker == key_marker &&
-        page->next_upload_id_marker == upload_id_marker) {
+    if (!page.is_truncated) return uploads;
+    if (page.next_key_marker == key_marker && page.next_upload_id_marker == upload_id_marker) {
       return absl::InternalError(absl::StrCat("S3 ListMultipartUploads ",
                                               ObjectName(bucket, prefix),
                                               ": the server repeated its markers"));
     }
-    key_marker = std::move(page->next_key_marker);
-    upload_id_marker = std::move(page->next_upload_id_marker);
+    key_marker = std::move(page.next_key_marker);
+    upload_id_marker = std::move(page.next_upload_id_marker);
   }
 }
 

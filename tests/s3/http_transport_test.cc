@@ -2,11 +2,8 @@
 // connections classified for retry.
 #include <catch2/catch.hpp>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "absl/strings/match.h"
+#include "s3/loopback_ports.h"
 #include "s3/tiny_http_server.h"
 #include "storage/s3/http_transport.h"
 #include "storage/s3/retry_policy.h"
@@ -49,19 +46,11 @@ TEST_CASE("transport: a body over the cap or the caller's buffer is an error, no
 }
 
 TEST_CASE("transport: a refused connection is retryable and names the URL", "[server]") {
-  // A port nobody listens on: bound, never listened, then closed.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-  socklen_t size = sizeof(address);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0);
-  close(fd);
+  // A port nobody listens on.
+  const uint16_t port = testing::FreeLoopbackPorts(1)[0];
   auto transport = HttpTransport::Create(HttpTransportOptions{});
   REQUIRE(transport.ok());
-  const std::string url = Url(ntohs(address.sin_port));
+  const std::string url = Url(port);
   auto refused = (*transport)->Perform(HttpRequest{.method = "GET", .url = url});
   INFO(refused.status());
   CHECK(absl::IsUnavailable(refused.status()));

@@ -59,28 +59,38 @@ TEST_CASE("location: endpoints: scheme, host, port", "[location]") {
   CHECK(absl::IsInvalidArgument(ParseAddressingStyle("dns").status()));
 }
 
-TEST_CASE("location: path style puts the bucket in the path", "[location]") {
-  S3Addressing addressing(*ParseEndpoint("http://127.0.0.1:8333"), "us-east-1",
-                          AddressingStyle::kPath);
-  RequestTarget object = addressing.Target("ckpt", "step 1/a$b", "");
-  CHECK(object.url == "http://127.0.0.1:8333/ckpt/step%201/a%24b");
-  CHECK(object.host == "127.0.0.1:8333");
-  CHECK(object.canonical_uri == "/ckpt/step%201/a%24b");
-  RequestTarget bucket = addressing.Target("ckpt", "", "list-type=2&prefix=x");
-  CHECK(bucket.url == "http://127.0.0.1:8333/ckpt?list-type=2&prefix=x");
-  CHECK(bucket.canonical_uri == "/ckpt");
-}
-
-TEST_CASE("location: virtual-host style puts the bucket in the host", "[location]") {
-  S3Addressing addressing(*ParseEndpoint("https://s3.amazonaws.com"), "us-east-1",
-                          AddressingStyle::kVirtualHost);
-  RequestTarget object = addressing.Target("examplebucket", "test.txt", "");
-  CHECK(object.url == "https://examplebucket.s3.amazonaws.com/test.txt");
-  CHECK(object.host == "examplebucket.s3.amazonaws.com");
-  CHECK(object.canonical_uri == "/test.txt");
-  RequestTarget bucket = addressing.Target("examplebucket", "", "uploads=");
-  CHECK(bucket.url == "https://examplebucket.s3.amazonaws.com/?uploads=");
-  CHECK(bucket.canonical_uri == "/");
+TEST_CASE("location: path style puts the bucket in the path, virtual-host style in the host",
+          "[location]") {
+  struct Case {
+    const char* endpoint;
+    AddressingStyle style;
+    const char* bucket;
+    const char* key;
+    const char* query;
+    const char* url;
+    const char* host;
+    const char* canonical_uri;
+  };
+  const Case cases[] = {
+      {"http://127.0.0.1:8333", AddressingStyle::kPath, "ckpt", "step 1/a$b", "",
+       "http://127.0.0.1:8333/ckpt/step%201/a%24b", "127.0.0.1:8333", "/ckpt/step%201/a%24b"},
+      {"http://127.0.0.1:8333", AddressingStyle::kPath, "ckpt", "", "list-type=2&prefix=x",
+       "http://127.0.0.1:8333/ckpt?list-type=2&prefix=x", "127.0.0.1:8333", "/ckpt"},
+      {"https://s3.amazonaws.com", AddressingStyle::kVirtualHost, "examplebucket", "test.txt",
+       "", "https://examplebucket.s3.amazonaws.com/test.txt", "examplebucket.s3.amazonaws.com",
+       "/test.txt"},
+      {"https://s3.amazonaws.com", AddressingStyle::kVirtualHost, "examplebucket", "",
+       "uploads=", "https://examplebucket.s3.amazonaws.com/?uploads=",
+       "examplebucket.s3.amazonaws.com", "/"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.url);
+    S3Addressing addressing(*ParseEndpoint(c.endpoint), "us-east-1", c.style);
+    const RequestTarget target = addressing.Target(c.bucket, c.key, c.query);
+    CHECK(target.url == c.url);
+    CHECK(target.host == c.host);
+    CHECK(target.canonical_uri == c.canonical_uri);
+  }
 }
 
 }  // namespace

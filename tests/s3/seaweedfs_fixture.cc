@@ -1,10 +1,8 @@
 #include "s3/seaweedfs_fixture.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "s3/loopback_ports.h"
 
 #ifndef WEED_BINARY_PATH
 #error "WEED_BINARY_PATH must name the venv's weed binary (tests/CMakeLists.txt)"
@@ -27,27 +26,6 @@ namespace {
 // How long the server may take to come up: about 4 s here, 10 times that
 // on a loaded machine.
 constexpr absl::Duration kStartBound = absl::Seconds(60);
-
-// `count` distinct free ports on 127.0.0.1: all bound at once (so they
-// differ), then released for weed to take.
-std::vector<uint16_t> FreePorts(int count) {
-  std::vector<int> sockets;
-  std::vector<uint16_t> ports;
-  for (int i = 0; i < count; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-    socklen_t size = sizeof(address);
-    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0);
-    sockets.push_back(fd);
-    ports.push_back(ntohs(address.sin_port));
-  }
-  for (int fd : sockets) close(fd);
-  return ports;
-}
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
@@ -71,7 +49,7 @@ std::unique_ptr<SeaweedFs> SeaweedFs::Start(std::string* skip_reason) {
                                  R"("}],"actions":["Admin","Read","List","Tagging","Write"]}]})"));
   const std::string data = server->dir_.File("data");
   REQUIRE(mkdir(data.c_str(), 0700) == 0);
-  const std::vector<uint16_t> ports = FreePorts(8);
+  const std::vector<uint16_t> ports = FreeLoopbackPorts(8);
   server->s3_port_ = ports[6];
   std::vector<std::string> args = {
       WEED_BINARY_PATH, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
