@@ -109,4 +109,34 @@ absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_v
   return Annotate(failure, absl::StrCat("multipart upload ", upload_id, " aborted"));
 }
 
+absl::StatusOr<AbortedUploads> AbortMultipartUploads(S3Client& client,
+                                                     absl::string_view bucket,
+                                                     absl::string_view prefix,
+                                                     std::optional<absl::Time> initiated_before) {
+  ASSIGN_OR_RETURN(const std::vector<MultipartUploadSummary> uploads,
+                   client.ListMultipartUploads(bucket, prefix));
+  AbortedUploads result;
+  absl::Status first_failure;
+  for (const MultipartUploadSummary& upload : uploads) {
+    if (initiated_before) {
+      absl::Time initiated;
+      std::string error;
+      // S3 writes "2026-11-27T08:00:00.000Z".
+      if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", upload.initiated, &initiated, &error) ||
+          initiated >= *initiated_before) {
+        ++result.kept;
+        continue;
+      }
+    }
+    const absl::Status aborted = client.AbortMultipartUpload(bucket, upload.key, upload.upload_id);
+    if (aborted.ok()) {
+      ++result.aborted;
+    } else if (first_failure.ok()) {
+      first_failure = aborted;
+    }
+  }
+  if (!first_failure.ok()) return first_failure;
+  return result;
+}
+
 }  // namespace ckpt::s3

@@ -8,19 +8,21 @@
 // retry policy. The first part that fails for good stops the others from
 // starting new parts, and the upload is aborted, so no half-made upload is
 // left on the server to be billed (the abort's own failure is reported
-// with the first error; startup recovery's ListMultipartUploads finds such
-// leftovers). Memory: the buffer is the caller's; the helper holds one
-// ETag per part.
+// with the first error; AbortMultipartUploads below finds such leftovers,
+// and a crashed daemon's). Memory: the buffer is the caller's; the helper
+// holds one ETag per part.
 //
 // Thread-safety: UploadMultipart may run concurrently with any other client
 // call; it blocks until every thread it started has ended.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "storage/s3/s3_client.h"
 
 namespace ckpt::s3 {
@@ -44,5 +46,18 @@ struct MultipartResult {
 absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_view bucket,
                                                 absl::string_view key, absl::string_view data,
                                                 const MultipartOptions& options);
+
+struct AbortedUploads {
+  int aborted = 0;
+  int kept = 0;  // initiated at or after the cutoff, or at a time unreadable
+};
+// Aborts the unfinished multipart uploads under `prefix` (a crashed
+// writer's, whose parts the server keeps, and bills, until aborted);
+// with `initiated_before`, only those initiated before it, so that a
+// writer still uploading under the prefix is left alone. Tries every one;
+// the first failure comes back after the rest were tried.
+absl::StatusOr<AbortedUploads> AbortMultipartUploads(
+    S3Client& client, absl::string_view bucket, absl::string_view prefix,
+    std::optional<absl::Time> initiated_before = std::nullopt);
 
 }  // namespace ckpt::s3

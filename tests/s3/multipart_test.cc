@@ -82,7 +82,9 @@ TEST_CASE("s3 multipart: 40 MiB in 8 MiB parts, 4 in flight, reads back bit-exac
   CHECK(absl::IsInvalidArgument(tiny.status()));
 }
 
-TEST_CASE("s3 multipart: an aborted upload is gone from ListMultipartUploads", "[server]") {
+TEST_CASE("s3 multipart: an aborted upload is gone from ListMultipartUploads, and a sweep "
+          "aborts what is left under a prefix",
+          "[server]") {
   std::string skip_reason;
   auto server = SeaweedFs::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
@@ -108,6 +110,21 @@ TEST_CASE("s3 multipart: an aborted upload is gone from ListMultipartUploads", "
   auto complete = client->CompleteMultipartUpload(SeaweedFs::kBucket, "stale/aborted",
                                                   *aborted, {{1, "\"x\""}});
   CHECK_FALSE(complete.ok());
+
+  // Startup recovery's sweep: an upload begun after the cutoff is left
+  // alone, one begun before it aborted (its Initiated time read).
+  auto recent = AbortMultipartUploads(*client, SeaweedFs::kBucket, "stale/",
+                                      absl::Now() - absl::Hours(1));
+  REQUIRE(recent.ok());
+  CHECK(recent->aborted == 0);
+  CHECK(recent->kept == 1);
+  auto swept = AbortMultipartUploads(*client, SeaweedFs::kBucket, "stale/",
+                                     absl::Now() + absl::Minutes(1));
+  REQUIRE(swept.ok());
+  CHECK(swept->aborted == 1);
+  auto none = client->ListMultipartUploads(SeaweedFs::kBucket, "stale/");
+  REQUIRE(none.ok());
+  CHECK(none->empty());
 }
 
 }  // namespace
