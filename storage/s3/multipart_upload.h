@@ -10,7 +10,10 @@
 // left on the server to be billed (the abort's own failure is reported
 // with the first error; AbortMultipartUploads below finds such leftovers,
 // and a crashed daemon's). Memory: the buffer is the caller's; the helper
-// holds one ETag per part.
+// holds one ETag per part. Time: each call ends within the client's
+// retry.overall_deadline, so the whole upload ends within
+// (ceil(parts / parts_in_flight) + 3) overall deadlines (the parts, then
+// create, complete or abort), whatever the server does.
 //
 // Thread-safety: UploadMultipart may run concurrently with any other client
 // call; it blocks until every thread it started has ended.

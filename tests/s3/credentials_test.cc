@@ -135,6 +135,11 @@ TEST_CASE("credentials: a malformed file's error names the line, never the secre
   auto absent = ReadCredentialsFile(dir.File("absent"), "default");
   CHECK(absl::IsNotFound(absent.status()));
   CHECK(std::string(absent.status().message()).find(dir.File("absent")) != std::string::npos);
+  // A wrong path to something huge is refused at the bound, not read whole.
+  WriteFile(dir.File("huge"), "[default]\n# " + std::string(100 * 1024, 'x') + "\n");
+  auto huge = ReadCredentialsFile(dir.File("huge"), "default");
+  CHECK(absl::IsInvalidArgument(huge.status()));
+  CHECK(std::string(huge.status().message()).find("larger than 65536 bytes") != std::string::npos);
 }
 
 TEST_CASE("credentials: debug output and streaming redact the secret and token",
