@@ -17,6 +17,9 @@ packages=(
   libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libxxhash-dev catch2
+  # The S3 client (storage/s3/): libcurl for HTTP and TLS, OpenSSL for
+  # SigV4's SHA-256 and HMAC-SHA256, expat for S3's XML answers.
+  libcurl4-openssl-dev libssl-dev libexpat1-dev
   libsystemd-dev  # sd_notify: Type=notify readiness, STOPPING and STATUS (daemon/service_notifier.h)
   fio python3 python3-venv python3-dev pybind11-dev
   # systemd-analyze and systemd-sysusers check the unit (tests/deploy/check_unit.sh).

@@ -1,0 +1,142 @@
+#include "storage/s3/multipart_upload.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace ckpt::s3 {
+namespace {
+
+absl::Status CheckOptions(const MultipartOptions& options, size_t data_size, int parts) {
+  if (options.part_size < kMinPartSize || options.part_size > kMaxPartSize) {
+    return absl::InvalidArgumentError(absl::StrCat("part size ", options.part_size,
+                                                   " is outside S3's 5 MiB to 5 GiB"));
+  }
+  if (options.parts_in_flight < 1 || options.parts_in_flight > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parts_in_flight ", options.parts_in_flight, " is not 1 to 64"));
+  }
+  if (parts > kMaxParts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        data_size, " bytes in parts of ", options.part_size, " are more than S3's ",
+        kMaxParts, " parts"));
+  }
+  return absl::OkStatus();
+}
+
+// The first error any part thread met.
+class FirstError {
+ public:
+  void Set(absl::Status status) {
+    absl::MutexLock lock(&mutex_);
+    if (status_.ok()) status_ = std::move(status);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  absl::Status Get() {
+    absl::MutexLock lock(&mutex_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mutex_;
+  absl::Status status_ ABSL_GUARDED_BY(mutex_);
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_view bucket,
+                                                absl::string_view key, absl::string_view data,
+                                                const MultipartOptions& options) {
+  // An empty buffer is still one (empty) part: S3 needs at least one.
+  const int parts = std::max<int>(
+      1, static_cast<int>((data.size() + options.part_size - 1) / options.part_size));
+  RETURN_IF_ERROR(CheckOptions(options, data.size(), parts));
+  ASSIGN_OR_RETURN(const std::string upload_id, client.CreateMultipartUpload(bucket, key));
+
+  std::vector<CompletedPart> completed(static_cast<size_t>(parts));
+  std::atomic<int> next_part{0};
+  FirstError first_error;
+  auto upload_parts = [&] {
+    while (!first_error.failed()) {
+      const int index = next_part.fetch_add(1, std::memory_order_relaxed);
+      if (index >= parts) return;
+      const size_t offset = static_cast<size_t>(index) * options.part_size;
+      const absl::string_view body =
+          data.substr(offset, std::min(options.part_size, data.size() - offset));
+      absl::StatusOr<std::string> etag =
+          client.UploadPart(bucket, key, upload_id, index + 1, body);
+      if (!etag.ok()) {
+        first_error.Set(etag.status());
+        return;
+      }
+      // Each thread writes only the slots of the parts it took.
+      completed[static_cast<size_t>(index)] = CompletedPart{index + 1, *std::move(etag)};
+    }
+  };
+  std::vector<std::thread> threads;
+  const int thread_count = std::min(options.parts_in_flight, parts);
+  threads.reserve(static_cast<size_t>(thread_count));
+  for (int i = 0; i < thread_count; ++i) threads.emplace_back(upload_parts);
+  for (std::thread& thread : threads) thread.join();
+
+  absl::Status failure = first_error.Get();
+  absl::StatusOr<std::string> etag;
+  if (failure.ok()) {
+    etag = client.CompleteMultipartUpload(bucket, key, upload_id, completed);
+    if (etag.ok()) return MultipartResult{*std::move(etag), parts};
+    failure = etag.status();
+  }
+  // Nothing half-made stays on the server: abort, and say if that failed
+  // too (the upload id lets an operator or startup recovery finish it).
+  if (const absl::Status aborted = client.AbortMultipartUpload(bucket, key, upload_id);
+      !aborted.ok()) {
+    LogWarning(LogFields().Set("upload_id", upload_id),
+               "aborting a failed multipart upload failed too: ", aborted.message());
+    return Annotate(failure, absl::StrCat("multipart upload ", upload_id,
+                                          " failed and could not be aborted (",
+                                          aborted.message(), ")"));
+  }
+  return Annotate(failure, absl::StrCat("multipart upload ", upload_id, " aborted"));
+}
+
+absl::StatusOr<AbortedUploads> AbortMultipartUploads(S3Client& client,
+                                                     absl::string_view bucket,
+                                                     absl::string_view prefix,
+                                                     std::optional<absl::Time> initiated_before) {
+  ASSIGN_OR_RETURN(const std::vector<MultipartUploadSummary> uploads,
+                   client.ListMultipartUploads(bucket, prefix));
+  AbortedUploads result;
+  absl::Status first_failure;
+  for (const MultipartUploadSummary& upload : uploads) {
+    if (initiated_before) {
+      absl::Time initiated;
+      std::string error;
+      // S3 writes "2026-11-27T08:00:00.000Z".
+      if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", upload.initiated, &initiated, &error) ||
+          initiated >= *initiated_before) {
+        ++result.kept;
+        continue;
+      }
+    }
+    const absl::Status aborted = client.AbortMultipartUpload(bucket, upload.key, upload.upload_id);
+    if (aborted.ok()) {
+      ++result.aborted;
+    } else if (first_failure.ok()) {
+      first_failure = aborted;
+    }
+  }
+  if (!first_failure.ok()) return first_failure;
+  return result;
+}
+
+}  // namespace ckpt::s3
