@@ -232,6 +232,36 @@ class DcpContractTest(unittest.TestCase):
         self.assertEqual(ckpt.list_checkpoints(**kw), ["step-3", "step-1", "step-2"])
         self.assertEqual(ckpt.latest_checkpoint(**kw), "step-2")
 
+    def test_a_path_checkpoint_id_maps_to_a_job_and_a_name_reversibly(self):
+        from ckptd import checkpoint_ids
+        folder = os.path.join(self.daemon.dir, "runs", "llama_7b..v2")
+        kw = {"socket": self.daemon.socket}
+        ckpt.save({"w": torch.arange(3.0)}, checkpoint_id=f"{folder}/step-1", **kw)
+        ckpt.save({"w": torch.arange(4.0)}, checkpoint_id=f"{folder}/step-2", **kw)
+        self.assertEqual(ckpt.list_checkpoints(folder=folder, **kw), ["step-1", "step-2"])
+        job, name = checkpoint_ids.resolve(f"{folder}/step-2", None)
+        self.assertEqual(name, "step-2")
+        self.assertTrue(job.startswith(checkpoint_ids.PATH_JOB_PREFIX), job)
+        self.assertEqual(checkpoint_ids.checkpoint_path(job, name), f"{folder}/step-2")
+        self.assertEqual(ckpt.latest_checkpoint(job=job, **kw), "step-2")
+        sd = {"w": torch.zeros(3)}
+        self.assertEqual(ckpt.load(sd, checkpoint_id=f"{folder}/step-1", **kw), "step-1")
+        self.assertTrue(torch.equal(sd["w"], torch.arange(3.0)))
+        latest = {"w": torch.zeros(4)}
+        ckpt.load(latest, checkpoint_id=os.path.join(folder, "latest"), **kw)
+        self.assertTrue(torch.equal(latest["w"], torch.arange(4.0)))
+        # A plain name is a name, and a job named by hand is no path.
+        self.assertEqual(checkpoint_ids.resolve("step-1", "llama"), ("llama", "step-1"))
+        self.assertIsNone(checkpoint_ids.checkpoint_path("llama", "step-1"))
+        # Refused with the rule: a name that cannot be stored, a job= that
+        # contradicts the path.
+        with self.assertRaises(CheckpointException) as e:
+            ckpt.save({"w": torch.ones(1)}, checkpoint_id=f"{folder}/step 3", **kw)
+        self.assertIn("[A-Za-z0-9._-]", str(e.exception))
+        with self.assertRaisesRegex(ckpt.SaveInputError, "pass one or the other"):
+            ckpt.save({"w": torch.ones(1)}, checkpoint_id=f"{folder}/step-3",
+                      job="other", **kw)
+
     def test_socket_from_the_environment(self):
         os.environ["CKPTD_SOCKET"] = self.daemon.socket
         try:

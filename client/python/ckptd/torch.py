@@ -40,6 +40,11 @@ for their state at save and given it back at load, as DCP does
 CheckpointException; ranks that pass different job or checkpoint names
 fail together within the save's exchange, naming the names.
 
+`checkpoint_id` is a name ("step-00001000", "latest") or, as DCP takes it,
+a path ("/ckpt/llama/step-00001000"): the path's directory then names the
+job, reversibly (checkpoint_ids.py; docs/DCP.md), and the checkpoint's files
+live under the daemon's root like every job's.
+
 The job defaults to $CKPTD_JOB (else "default"), the socket to
 $CKPTD_SOCKET (else the daemon's default). Each (job, socket,
 process_group) keeps one Checkpointer
@@ -48,9 +53,10 @@ process_group) keeps one Checkpointer
 Thread-safety: call from one thread (the training loop's).
 """
 
+import os
 from typing import Dict, List, Optional, Tuple
 
-from ckptd import default_socket
+from ckptd import checkpoint_ids, default_socket
 from ckptd.checkpointer import Checkpointer, default_job
 from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable,
                           InvalidStateDict, MissingKeys, SaveFailed, StateMismatch)
@@ -88,9 +94,14 @@ def async_save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
     the daemon has copied every byte out. response.upload_completion
     resolves once the checkpoint is committed. Errors (bad input,
     disagreeing replicas, a failed save) are raised from the futures, on
-    every rank."""
+    every rank.
+
+    `checkpoint_id` may also be a path, as DCP takes it
+    (f"{folder}/step-{n}"): its directory then names the job and its last
+    component the checkpoint (checkpoint_ids.py)."""
+    job, name = _resolve(checkpoint_id, job)
     return checkpointer(job, socket, process_group).async_save(
-        state_dict, checkpoint_id=checkpoint_id)
+        state_dict, checkpoint_id=name)
 
 
 def save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
@@ -113,19 +124,39 @@ def load(state_dict, *, checkpoint_id: str = "latest", job: Optional[str] = None
     key in checkpoint state_dict: ...", as DCP's planner) before any byte is
     written; with allow_partial_load (DCP's DefaultLoadPlanner flag;
     allow_missing is its older name here) such keys keep their values. Keys
-    the checkpoint has and the state dict lacks are not loaded, as in DCP."""
+    the checkpoint has and the state dict lacks are not loaded, as in DCP.
+    `checkpoint_id` may be a path, as in async_save ("FOLDER/latest": the
+    newest under FOLDER)."""
+    job, name = _resolve(checkpoint_id, job)
     return checkpointer(job, socket, process_group).load(
-        state_dict, checkpoint_id=checkpoint_id,
+        state_dict, checkpoint_id=name,
         allow_missing=allow_partial_load or allow_missing)
 
 
-def list_checkpoints(*, job: Optional[str] = None, socket: Optional[str] = None,
-                     process_group=None) -> List[str]:
-    """The job's committed checkpoints, oldest commit first."""
-    return checkpointer(job, socket, process_group).list_checkpoints()
+def list_checkpoints(*, job: Optional[str] = None, folder=None,
+                     socket: Optional[str] = None, process_group=None) -> List[str]:
+    """The job's committed checkpoints, oldest commit first; `folder`: those
+    saved under FOLDER/NAME paths instead."""
+    return checkpointer(_folder_job(job, folder), socket, process_group).list_checkpoints()
 
 
-def latest_checkpoint(*, job: Optional[str] = None, socket: Optional[str] = None,
-                      process_group=None) -> Optional[str]:
-    """The newest committed checkpoint of the job ("latest"), or None."""
-    return checkpointer(job, socket, process_group).latest_checkpoint()
+def latest_checkpoint(*, job: Optional[str] = None, folder=None,
+                      socket: Optional[str] = None, process_group=None) -> Optional[str]:
+    """The newest committed checkpoint of the job (or of `folder`, as in
+    list_checkpoints), or None."""
+    return checkpointer(_folder_job(job, folder), socket,
+                        process_group).latest_checkpoint()
+
+
+def _resolve(checkpoint_id, job: Optional[str]) -> Tuple[Optional[str], str]:
+    try:
+        return checkpoint_ids.resolve(checkpoint_id, job)
+    except ValueError as e:
+        raise SaveInputError(str(e)) from None
+
+
+def _folder_job(job: Optional[str], folder) -> Optional[str]:
+    if folder is None:
+        return job
+    # The job of any checkpoint path under the folder.
+    return _resolve(os.path.join(os.fspath(folder), "latest"), job)[0]
