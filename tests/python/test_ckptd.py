@@ -140,6 +140,13 @@ class PackageTest(unittest.TestCase):
     def client(self, job, rank=0, world=1):
         return ckptd.Client(job, rank, world, socket=self.daemon.socket)
 
+    def test_input_the_client_cannot_save_is_refused_naming_the_fqn(self):
+        client = self.client("refused-input")
+        for fqn, value, why in [("opt.t", torch.ones(4, 4).t(), "contiguous"),
+                                ("step", 3, "ckptd.torch takes")]:
+            with self.assertRaisesRegex(ValueError, f"^{fqn}: .*{why}"):
+                client.save("step-1", {"ok": torch.ones(2), fqn: value})
+
     def test_save_and_load_restores_every_dtype_bit_exact(self):
         client = self.client("roundtrip")
         sd = state(1)

@@ -304,8 +304,13 @@ class Client:
         default_replicas = sorted(set(replicas)) if replicas is not None else [self.rank]
         items = []
         for fqn, value in state_dict.items():
-            shard = _as_shard(value, default_replicas)
-            address, length, shape, dtype = _memory(shard.tensor)
+            try:
+                shard = _as_shard(value, default_replicas)
+                address, length, shape, dtype = _memory(shard.tensor)
+            except (ValueError, AttributeError) as e:
+                # Named, or a rank of many cannot tell which entry it was.
+                raise ValueError(f"{fqn}: {e} (ckptd.torch takes nested dicts, "
+                                 f"any strides and Python values)") from None
             if dtype not in _DTYPES:
                 raise ValueError(f"{fqn}: unsupported dtype {dtype}")
             on_gpu = self._gpu.holds(shard.tensor, address, length)
