@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import ckptd
 import ckptd.torch as ckpt
-from test_ckptd import Daemon, run_ranks
-from test_torch_api import TinyModel, _init, assert_same, train_steps
+from test_ckptd import run_ranks
+from test_torch_api import TinyModel, WithDaemon, _init, assert_same, train_steps
 
 
 class AppState:
@@ -57,20 +57,7 @@ def snapshot(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-class DcpContractTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.stop()
-
-    def save(self, sd, name, job):
-        ckpt.save(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
-
-    def load(self, sd, job, name="latest", **kwargs):
-        return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket, **kwargs)
+class DcpContractTest(WithDaemon):
 
     def test_stateful_model_and_optimizer_are_restored_not_replaced(self):
         """The silent wrong resume: a picklable nn.Module, an optimizer and

@@ -280,7 +280,10 @@ def save_call_waits_for_no_peer_rank(socket, store, rank, world, job):
         dist.destroy_process_group()
 
 
-class TorchApiTest(unittest.TestCase):
+class WithDaemon(unittest.TestCase):
+    """Tests of ckptd.torch against one daemon for the class (it holds no
+    test of its own)."""
+
     @classmethod
     def setUpClass(cls):
         cls.daemon = Daemon()
@@ -292,8 +295,12 @@ class TorchApiTest(unittest.TestCase):
     def save(self, sd, name, job):
         ckpt.save(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
 
-    def load(self, sd, job, name="latest"):
-        return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket)
+    def load(self, sd, job, name="latest", **kwargs):
+        return ckpt.load(sd, checkpoint_id=name, job=job, socket=self.daemon.socket,
+                         **kwargs)
+
+
+class TorchApiTest(WithDaemon):
 
     def stored_chunks(self, job, name):
         return stored_chunks(self.daemon.socket, job, name)
