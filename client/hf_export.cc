@@ -16,11 +16,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/output_dir.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
 namespace ckpt {
 namespace {
+
+// The exported weights keep the job's protection: a job directory is its
+// owner's alone, mode 0700 (storage/job_ownership.h), so its files are
+// readable by the owner and root only; 0644 here would hand them to every
+// user of the host. The files are the caller's (who ran the export, and
+// chose where), mode 0600; a directory the export makes is 0700.
+constexpr mode_t kFileMode = 0600;
+constexpr mode_t kDirMode = 0700;
 
 // One exported tensor: the whole global tensor of a stored fqn.
 struct Tensor {
@@ -144,7 +153,8 @@ class OutputFile {
                                                             const std::string& name) {
     auto file = std::unique_ptr<OutputFile>(new OutputFile(dir_fd, dir, name));
     file->fd_.reset(::openat(dir_fd, file->temp_.c_str(),
-                             O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+                             O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                             kFileMode));
     if (!file->fd_.valid()) {
       return ErrnoToStatus(errno, absl::StrCat("create ", dir, "/", file->temp_));
     }
@@ -192,14 +202,11 @@ class OutputFile {
   bool committed_ = false;
 };
 
-// The output directory, made if missing; one that holds anything is
+// The output directory, made if missing (kDirMode), reached without another
+// user's symlinks (client/output_dir.h); one that holds anything is
 // refused, so nothing there is ever overwritten.
 absl::StatusOr<UniqueFd> OpenEmptyDir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoToStatus(errno, absl::StrCat("mkdir ", path));
-  }
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenOutputDir(path, kDirMode));
   const int listing = ::dup(fd.get());
   if (listing < 0) return ErrnoToStatus(errno, absl::StrCat("dup ", path));
   DIR* dir = ::fdopendir(listing);

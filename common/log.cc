@@ -31,7 +31,7 @@ bool IsPlainToken(absl::string_view value) {
   if (value.empty()) return false;
   for (const char c : value) {
     const auto u = static_cast<unsigned char>(c);
-    if (u <= ' ' || u == 0x7f || c == '=' || c == '"' || c == '\\') return false;
+    if (u <= ' ' || u >= 0x7f || c == '=' || c == '"' || c == '\\') return false;
   }
   return true;
 }
@@ -111,9 +111,12 @@ std::string LogfmtValue(absl::string_view value) {
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (static_cast<unsigned char>(c) < ' ' || c == 0x7f) {
+        if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) >= 0x7f) {
           // Other control bytes would let a name from a request forge a
-          // line break or escape sequence in the journal.
+          // line break or escape sequence in the journal; bytes from 0x80
+          // on are not text a line can be trusted to hold (a parse error
+          // quoting binary garbage; C1 controls such as 0x9b, a terminal's
+          // CSI, in UTF-8 or not), so a line stays plain ASCII.
           char hex[8];
           std::snprintf(hex, sizeof(hex), "\\x%02x", static_cast<unsigned char>(c));
           out += hex;

@@ -3,9 +3,10 @@
 // write(2).
 //
 // Lines are logfmt: `key=value` pairs separated by spaces, a value quoted
-// (with \" \\ \n \r \t escapes) when it is empty or holds a space, '=',
-// '"', '\' or a control character, so any line splits back into the same
-// pairs (docs/OPERATIONS.md, "Logs"):
+// (with \" \\ \n \r \t escapes, \xHH for any other byte below 0x20 or from
+// 0x7f on) when it is empty or holds a space, '=', '"', '\', a control
+// character or a byte from 0x80 on, so any line is plain ASCII and splits
+// back into the same pairs (docs/OPERATIONS.md, "Logs"):
 //
 //   ts=2026-11-23T06:30:21.123Z level=info job=llama checkpoint=step-100
 //     session=3 rank=0 pid=4242 msg=staged save=7 elapsed_ms=412

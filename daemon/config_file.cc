@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/regular_file.h"
 #include "common/status.h"
-#include "storage/durable_file.h"
 
 namespace ckpt {
 namespace {
@@ -103,7 +103,7 @@ absl::StatusOr<ConfigFile> ParseConfig(absl::string_view text,
 }
 
 absl::StatusOr<ConfigFile> ReadConfigFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadSmallFile(path);
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigFileBytes);
   if (!text.ok()) return Annotate(text.status(), "config file");
   return ParseConfig(*text, path);
 }

@@ -17,6 +17,7 @@
 // Thread-safety: free functions and value types; no shared state.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -53,7 +54,19 @@ struct ConfigFile {
 // Parses `text`, the contents of `path` (named in errors only).
 absl::StatusOr<ConfigFile> ParseConfig(absl::string_view text,
                                        const std::string& path);
-// Reads and parses the file at `path`.
+// The largest config file read: every key with a comment fits in a few
+// KiB (deploy/ckptd.conf), so a larger one is a mistake, and the cap keeps
+// a reload from reading without end (issue 33).
+inline constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
+
+// Reads and parses the file at `path` (symlinks followed: the operator
+// names it). Anything but a regular file of at most kMaxConfigFileBytes is
+// refused (FailedPrecondition) without waiting: it is opened non-blocking,
+// so a FIFO with no writer does not hang the open, checked with fstat
+// before a byte is read, so /dev/zero is never read, and read up to one
+// byte past the cap. A SIGHUP reload runs on the main loop, which takes
+// SIGTERM only between reloads: a reload that could wait would keep the
+// daemon from stopping.
 absl::StatusOr<ConfigFile> ReadConfigFile(const std::string& path);
 
 // Sets each option the file has a key for, except the keys in `flags_given`

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crash_point.h"
+#include "common/regular_file.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -118,37 +119,9 @@ absl::StatusOr<bool> StorageDir::HasFile(absl::string_view name) const {
 
 absl::StatusOr<std::string> StorageDir::ReadFile(absl::string_view name,
                                                  uint64_t max_bytes) const {
+  // O_NONBLOCK: a FIFO planted under the name must not hang the open.
   ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(name, O_RDONLY | O_NONBLOCK));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("stat ", PathOf(name)));
-  }
-  // O_NONBLOCK above: a FIFO planted under the name must not hang the open.
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(PathOf(name), " is not a regular file"));
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        PathOf(name), " is ", st.st_size, " bytes, more than the ", max_bytes,
-        " such a file may have"));
-  }
-  std::string out;
-  char chunk[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", PathOf(name)));
-    }
-    if (n == 0) break;
-    out.append(chunk, static_cast<size_t>(n));
-    if (out.size() > max_bytes) {  // it grew while being read
-      return absl::FailedPreconditionError(absl::StrCat(
-          PathOf(name), " grew past ", max_bytes, " bytes while being read"));
-    }
-  }
-  return out;
+  return ReadRegularFile(fd.get(), PathOf(name), max_bytes);
 }
 
 absl::Status StorageDir::Unlink(absl::string_view name, bool missing_ok) const {

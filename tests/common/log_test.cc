@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "support/logfmt.h"
@@ -55,6 +56,26 @@ TEST_CASE("any value survives a log line whole: spaces, quotes, escapes, line br
     CHECK(Field(fields, "reason") == value);
     CHECK(Field(fields, "level") == "warn");
   }
+}
+
+TEST_CASE("bytes of 0x80 and above are escaped in hex: a line is plain ASCII, "
+          "whatever a parse error of binary garbage quotes",
+          "[unit][log]") {
+  // What the config parser quoted from a gzip file: 0x8b, its second byte.
+  const std::string garbage("\x1f\x8b\x08\x00 caf\xc3\xa9 \xff", 12);
+  const std::string line = FormatLogLine(LogLevel::kError, LogFields().Set("reason", garbage),
+                                         garbage);
+  INFO(line);
+  for (const char c : line) {
+    const auto u = static_cast<unsigned char>(c);
+    CHECK((u >= ' ' && u < 0x7f));
+  }
+  CHECK(absl::StrContains(line, "msg=\"\\x1f\\x8b\\x08\\x00 caf\\xc3\\xa9 \\xff\""));
+  const LogfmtFields fields = Parsed(line);
+  CHECK(Field(fields, "msg") == garbage);
+  CHECK(Field(fields, "reason") == garbage);
+  // A value that is a plain token but for a high byte is quoted too.
+  CHECK(LogfmtValue("\x8b") == "\"\\x8b\"");
 }
 
 TEST_CASE("a line prints ts and level, then job, checkpoint, session, rank and pid in "

@@ -3,12 +3,17 @@
 #include "daemon/config_file.h"
 
 #include <google/protobuf/util/message_differencer.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "daemon/server.h"
+#include "support/temp_dir.h"
 
 namespace ckpt {
 namespace {
@@ -45,6 +50,74 @@ TEST_CASE("a config file sets the options it names and leaves the others at "
   // Errors name a file's key with its line, any other option as its flag.
   CHECK(origins.Name("keep_last") == "keep_last (test.conf:3)");
   CHECK(origins.Name("pool_bytes") == "--pool_bytes");
+}
+
+// Reads `path` as the config file, timing it: none of the refusals may wait.
+absl::StatusOr<ConfigFile> ReadTimed(const std::string& path) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<ConfigFile> file = ReadConfigFile(path);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  return file;
+}
+
+TEST_CASE("the config reader reads a regular file, through a symlink too",
+          "[daemon][config][config_reader]") {
+  testing::TempDir dir;
+  {
+    std::ofstream out(dir.File("ckptd.conf"));
+    out << "keep_last: 7\n";
+  }
+  REQUIRE(::symlink(dir.File("ckptd.conf").c_str(), dir.File("link.conf").c_str()) == 0);
+  for (const std::string& path : {dir.File("ckptd.conf"), dir.File("link.conf")}) {
+    const absl::StatusOr<ConfigFile> file = ReadTimed(path);
+    INFO(path << ": " << file.status().ToString());
+    REQUIRE(file.ok());
+    CHECK(file->config.keep_last() == 7);
+  }
+}
+
+TEST_CASE("the config reader refuses at once what is not a regular file: a FIFO "
+          "with no writer, /dev/zero, a symlink to /dev/zero, a directory",
+          "[daemon][config][config_reader]") {
+  testing::TempDir dir;
+  REQUIRE(::mkfifo(dir.File("fifo.conf").c_str(), 0600) == 0);
+  REQUIRE(::symlink("/dev/zero", dir.File("zero.conf").c_str()) == 0);
+  for (const std::string& path :
+       {dir.File("fifo.conf"), std::string("/dev/zero"), dir.File("zero.conf"), dir.path()}) {
+    const absl::StatusOr<ConfigFile> file = ReadTimed(path);
+    INFO(path << ": " << file.status().ToString());
+    REQUIRE_FALSE(file.ok());
+    CHECK(file.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(file.status().message(), "is not a regular file"));
+    CHECK(absl::StrContains(file.status().message(), path));
+  }
+}
+
+TEST_CASE("the config reader refuses a regular file over kMaxConfigFileBytes, and "
+          "reads one of exactly that size",
+          "[daemon][config][config_reader]") {
+  testing::TempDir dir;
+  // Comments parse: only the size can refuse these.
+  const std::string line = "# " + std::string(1021, 'x') + "\n";  // 1 KiB
+  REQUIRE(kMaxConfigFileBytes % line.size() == 0);
+  std::string text;
+  while (text.size() < kMaxConfigFileBytes) text += line;
+  {
+    std::ofstream out(dir.File("full.conf"));
+    out << text;
+  }
+  {
+    std::ofstream out(dir.File("over.conf"));
+    out << text << "\n";
+  }
+  const absl::StatusOr<ConfigFile> full = ReadTimed(dir.File("full.conf"));
+  INFO(full.status().ToString());
+  CHECK(full.ok());
+  const absl::StatusOr<ConfigFile> over = ReadTimed(dir.File("over.conf"));
+  INFO(over.status().ToString());
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(over.status().message(), "more than the 1048576"));
 }
 
 TEST_CASE("an unknown key in the config file is refused with the file and line",

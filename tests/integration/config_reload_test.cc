@@ -1,10 +1,15 @@
 // The config file at start (ckptd --config) and SIGHUP's live reload,
 // through a real daemon.
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <thread>
 #include <string>
 
@@ -170,6 +175,49 @@ TEST_CASE("SIGHUP applies a changed keep_last and log level live, and a bad file
   REQUIRE(WaitForLog(daemon, "reload: log_level: \"warning\" -> \"info\"", 10'000));
   SaveCommitted(rank, "step-6");
   CHECK(WaitForLog(daemon, Committed("step-6"), 5'000));
+}
+
+// The config file replaced by `replace` (which makes `path` something other
+// than a regular file), SIGHUP and at once SIGTERM: the reload is refused
+// without waiting (was: /dev/zero read without end, a FIFO's open waiting
+// for a writer, with SIGTERM never taken), the daemon stops within a few
+// seconds, and its log says why the reload changed nothing.
+void RefusedReloadThenStop(const std::function<void(const std::string& path)>& replace) {
+  ConfigDir dir;
+  const std::string config = dir.Write("ckptd.conf", "keep_last: 0\n");
+  DaemonProcess daemon({"--config", config});
+  REQUIRE(::unlink(config.c_str()) == 0);
+  replace(config);
+  // SIGHUP is taken first: sigtimedwait returns the lowest pending signal.
+  REQUIRE(kill(daemon.pid(), SIGHUP) == 0);
+  REQUIRE(kill(daemon.pid(), SIGTERM) == 0);
+  const std::optional<int> status = daemon.WaitForExit(5'000);
+  if (!status.has_value()) daemon.Kill();  // a wedged daemon fails, not hangs, the test
+  const std::string log = DaemonMessages(daemon);
+  INFO(log);
+  REQUIRE(status.has_value());
+  CHECK(WIFEXITED(*status));
+  CHECK(WEXITSTATUS(*status) == 0);
+  CHECK(absl::StrContains(
+      log, absl::StrCat("reload: nothing changed: config file: ", config,
+                        " is not a regular file")));
+  CHECK(absl::StrContains(log, "ckptd stopping on signal 15"));
+}
+
+TEST_CASE("a config file replaced by a symlink to /dev/zero: SIGHUP is refused at "
+          "once and SIGTERM still stops the daemon",
+          "[integration][config][reload]") {
+  RefusedReloadThenStop([](const std::string& path) {
+    REQUIRE(::symlink("/dev/zero", path.c_str()) == 0);
+  });
+}
+
+TEST_CASE("a config file replaced by a FIFO nobody writes: SIGHUP is refused at "
+          "once and SIGTERM still stops the daemon",
+          "[integration][config][reload]") {
+  RefusedReloadThenStop([](const std::string& path) {
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  });
 }
 
 TEST_CASE("ckptctl gc applies retention now: a keep_last lowered by SIGHUP "

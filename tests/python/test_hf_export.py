@@ -10,6 +10,7 @@ CKPTCTL_BINARY the CLI.
 
 import json
 import os
+import stat
 import subprocess
 import tempfile
 import unittest
@@ -92,6 +93,12 @@ class HfExportTest(unittest.TestCase):
                          sorted(files + ["model.safetensors.index.json"]))
         for i, name in enumerate(files):
             self.assertEqual(name, f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
+        # The job's protection kept (its directory is its owner's alone):
+        # files 0600, the directory the export made 0700; was 0644 and 0755.
+        self.assertEqual(stat.S_IMODE(os.stat(out).st_mode), 0o700)
+        for name in os.listdir(out):
+            self.assertEqual(stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode), 0o600,
+                             name)
         seen = set()
         for name in files:
             with safe_open(os.path.join(out, name), framework="pt") as f:
@@ -119,6 +126,43 @@ class HfExportTest(unittest.TestCase):
         with open(mine) as f:
             self.assertEqual(f.read(), "the user's own file")
         self.assertEqual(os.listdir(out), ["model-00001-of-00001.safetensors"])
+
+    def test_root_export_refuses_a_symlink_another_user_planted_and_writes_nothing(self):
+        # A user's ~/out -> /root-only-dir: root's export wrote the user's
+        # choice of files into a directory the user may not write.
+        if os.geteuid() != 0:
+            self.skipTest("needs root (to make another user's directory and link)")
+        user = 61005  # made up: no passwd entry is needed to own files
+        base = tempfile.mkdtemp(prefix="ckptd-hf-planted-")
+        home = os.path.join(base, "home")
+        target = os.path.join(base, "root-only")
+        os.mkdir(home)
+        os.chown(home, user, user)
+        os.mkdir(target, 0o700)
+        link = os.path.join(home, "out")
+        os.symlink(target, link)
+        os.lchown(link, user, user)
+        for out in (link, os.path.join(link, "sub"), os.path.join(link, ".")):
+            r = self.ctl("export", "hf", "--format", "hf", "--out", out)
+            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertIn(f"refusing --out {out}: {link} is a symbolic link of uid {user}",
+                          r.stderr)
+            self.assertEqual(os.listdir(target), [])
+        # Root's own link (in root's directory) is still followed, and a
+        # real directory of the user's is still written.
+        mine = os.path.join(base, "mine")
+        os.symlink(target, mine)
+        r = self.ctl("export", "hf", "--format", "hf", "--out", os.path.join(mine, "x"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("model.safetensors.index.json", os.listdir(os.path.join(target, "x")))
+        real = os.path.join(home, "real")
+        os.mkdir(real)
+        os.chown(real, user, user)
+        r = self.ctl("export", "hf", "--format", "hf", "--out", real)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in os.listdir(real):
+            st = os.stat(os.path.join(real, name))
+            self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)), (0, 0o600), name)
 
     def test_export_names_the_buffer_a_row_needs_and_leaves_no_files(self):
         out = os.path.join(tempfile.mkdtemp(prefix="ckptd-hf-small-"), "export")

@@ -19,7 +19,8 @@ using LogfmtFields = std::map<std::string, std::string>;
 
 // `line`'s fields, or nullopt unless it is exactly `key=value` pairs
 // separated by one space: keys [a-z0-9_]+, values bare (no space, '=',
-// '"', '\' or control byte) or quoted with the escapes \" \\ \n \r \t \xHH.
+// '"', '\', control byte or byte from 0x80 on) or quoted with the escapes
+// \" \\ \n \r \t \xHH (a line is plain ASCII).
 inline std::optional<LogfmtFields> ParseLogfmt(absl::string_view line) {
   LogfmtFields fields;
   size_t i = 0;
@@ -47,7 +48,9 @@ inline std::optional<LogfmtFields> ParseLogfmt(absl::string_view line) {
           closed = true;
           break;
         }
-        if (static_cast<unsigned char>(c) < ' ') return std::nullopt;
+        if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) >= 0x7f) {
+          return std::nullopt;  // a line is plain ASCII: those are escaped
+        }
         if (c != '\\') {
           value += c;
           continue;
@@ -77,7 +80,7 @@ inline std::optional<LogfmtFields> ParseLogfmt(absl::string_view line) {
       const size_t value_start = i;
       while (i < line.size() && line[i] != ' ') {
         const auto u = static_cast<unsigned char>(line[i]);
-        if (u < ' ' || u == 0x7f || line[i] == '=' || line[i] == '"' || line[i] == '\\') {
+        if (u < ' ' || u >= 0x7f || line[i] == '=' || line[i] == '"' || line[i] == '\\') {
           return std::nullopt;
         }
         ++i;
