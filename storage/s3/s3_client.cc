@@ -299,7 +299,17 @@ absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(
             .headers = {{"content-type", "application/xml"}}, .body = body};
   ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
   // S3 may answer 200 and then an <Error> (the parse names it).
-  return NamedParse(ParseCompleteMultipartUpload(response.body), call.operation, bucket, key);
+  ASSIGN_OR_RETURN(std::string etag, NamedParse(ParseCompleteMultipartUpload(response.body),
+                                                call.operation, bucket, key));
+  if (!etag.empty()) return etag;
+  // Ceph RGW 16 (Debian 12's) answers an empty <ETag/>; the object's HEAD
+  // has it.
+  ASSIGN_OR_RETURN(ObjectSummary head, HeadObject(bucket, key));
+  if (head.etag.empty()) {
+    return absl::InternalError(absl::StrCat("S3 CompleteMultipartUpload ", ObjectName(bucket, key),
+                                            ": no ETag in the answer or the object's HEAD"));
+  }
+  return std::move(head.etag);
 }
 
 absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
