@@ -112,6 +112,8 @@ class S3Client {
   absl::StatusOr<std::string> CompleteMultipartUpload(
       absl::string_view bucket, absl::string_view key, absl::string_view upload_id,
       const std::vector<CompletedPart>& parts);
+  // OK where the upload is gone already (404 NoSuchUpload: aborted or
+  // completed before); a missing bucket is still NotFound.
   absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
                                     absl::string_view upload_id);
   // The unfinished uploads under `prefix` (a crashed writer's leftovers).

@@ -150,5 +150,25 @@ TEST_CASE("s3 faults: an empty ETag in CompleteMultipartUpload's answer (Ceph RG
   CHECK(server.request_count() == 2);
 }
 
+TEST_CASE("s3 faults: aborting an upload that is gone (404 NoSuchUpload) succeeds; a missing "
+          "bucket does not, and a code without a message reads cleanly",
+          "[server]") {
+  TinyHttpServer server(TinyHttpServer::Mode::kScripted, [](int, const std::string& line) {
+    // Ceph RGW's form: the code, an empty message.
+    if (absl::StrContains(line, "/ckpt-test/")) {
+      return TinyHttpServer::Response(404, ErrorXml("NoSuchUpload", ""));
+    }
+    return TinyHttpServer::Response(404, ErrorXml("NoSuchBucket", ""));
+  });
+  auto client = S3Client::Create(LocalOptions(server.port()));
+  REQUIRE(client.ok());
+  CHECK((*client)->AbortMultipartUpload(kBucket, "mp/key", "UPLOAD1").ok());
+  const absl::Status missing = (*client)->AbortMultipartUpload("no-bucket", "mp/key", "UPLOAD1");
+  INFO(missing);
+  CHECK(absl::IsNotFound(missing));
+  CHECK(absl::EndsWith(missing.message(), "HTTP 404 NoSuchBucket (request id REQ1)"));
+  CHECK(server.request_count() == 2);
+}
+
 }  // namespace
 }  // namespace ckpt::s3
