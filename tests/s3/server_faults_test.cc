@@ -150,7 +150,7 @@ TEST_CASE("s3 faults: an empty ETag in CompleteMultipartUpload's answer (Ceph RG
   CHECK(server.request_count() == 2);
 }
 
-TEST_CASE("s3 faults: aborting an upload that is gone (404 NoSuchUpload) succeeds; a missing "
+TEST_CASE("s3 faults: aborting an upload that is gone (404 NoSuchUpload) succeeds, a missing "
           "bucket does not, and a code without a message reads cleanly",
           "[server]") {
   TinyHttpServer server(TinyHttpServer::Mode::kScripted, [](int, const std::string& line) {
