@@ -15,6 +15,10 @@
 #                                 this directory), removes the directory
 #                                 and ENV_FILE.
 #
+# Nothing outlives its bound: a start first stops what an earlier,
+# interrupted run left described in ENV_FILE, and a watchdog stops the
+# cluster after CKPT_RGW_MAX_SECONDS (1 h) where no stop came.
+#
 # Packages: ceph-mon ceph-osd radosgw ceph-common (scripts/setup-debian.sh).
 # Every wait is bounded; a failed start prints the daemons' log tails,
 # stops what it started and exits 1.
@@ -30,25 +34,32 @@ readonly SECRET_KEY=ckpt-rgw-secret-key-0123456789
 
 usage() { echo "usage: $0 start|stop ENV_FILE" >&2; exit 2; }
 [ $# -eq 2 ] || usage
-readonly action=$1 env_file=$2
+readonly action=$1
+env_file=$(realpath -m -- "$2")
+readonly env_file
+self=$(realpath -- "$0")
+readonly self
 
 log() { echo "start-rgw: $*" >&2; }
 
-# stop_dir DIR PIDS: SIGTERM, a bounded wait, SIGKILL; only processes whose
-# command line names DIR's ceph.conf (a pid reused by another process is
-# left alone).
+# stop_dir DIR PIDS: SIGTERM, a bounded wait, SIGKILL, each to the process
+# group the pid leads (every one was started under setsid); only processes
+# whose command line names DIR's ceph.conf (a pid reused by another process
+# is left alone), never this script itself (the watchdog's stop).
 stop_dir() {
   local dir=$1 pids=$2 pid alive
   local conf="$dir/ceph.conf"
-  ours() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -qF -- "$conf"; }
-  for pid in $pids; do ours "$pid" && kill -TERM "$pid" 2>/dev/null || true; done
+  ours() {
+    [ "$1" != $$ ] && tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -qF -- "$conf"
+  }
+  for pid in $pids; do ours "$pid" && kill -TERM -- "-$pid" 2>/dev/null || true; done
   for _ in $(seq 100); do  # 10 s
     alive=""
     for pid in $pids; do ours "$pid" && alive="$alive $pid"; done
     [ -z "$alive" ] && break
     sleep 0.1
   done
-  for pid in $pids; do ours "$pid" && kill -KILL "$pid" 2>/dev/null || true; done
+  for pid in $pids; do ours "$pid" && kill -KILL -- "-$pid" 2>/dev/null || true; done
   case "$dir" in
     */ckpt-rgw.*) rm -rf -- "$dir" ;;
     *) log "not removing $dir: not a directory this script made" ;;
@@ -66,6 +77,12 @@ if [ "$action" = stop ]; then
 fi
 [ "$action" = start ] || usage
 
+# A run that was interrupted before its stop (ctest killed) left its
+# daemons described here: stopped first.
+if [ -f "$env_file" ]; then
+  log "stopping what $env_file describes (an earlier run's)"
+  "$self" stop "$env_file" || true
+fi
 rm -f -- "$env_file"
 missing=""
 for tool in ceph-mon ceph-osd radosgw radosgw-admin ceph monmaptool ceph-authtool; do
@@ -258,6 +275,14 @@ until [ "$(s3 PUT /ckpt-rgw-probe/probe probe)" = 200 ]; do
 done
 first_write=$(python3 -c "import time; print(f'{time.time() - $first_write:.1f}')")
 
+# A watchdog: where nothing stops the cluster (the ctest run interrupted
+# between its start and stop tests), it is stopped after
+# CKPT_RGW_MAX_SECONDS (1 h). Its command line names the ceph.conf, so the
+# stop path ends it too, with its sleep (its process group).
+setsid bash -c 'sleep "$1" && exec "$2" stop "$3"' ckpt-rgw-watchdog \
+  "${CKPT_RGW_MAX_SECONDS:-3600}" "$self" "$env_file" "$conf" </dev/null >/dev/null 2>&1 &
+pids="$pids $!"
+
 took=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 cat >"$env_file.tmp" <<EOF
 CKPT_RGW_ENDPOINT=$endpoint
@@ -270,4 +295,4 @@ CKPT_RGW_FIRST_WRITE_SECONDS=$first_write
 EOF
 mv "$env_file.tmp" "$env_file"
 trap - INT TERM
-log "Ceph RGW up at http://$endpoint in ${took}s, its first write ${first_write}s (mon, osd, radosgw: pids${pids}; dir $dir)"
+log "Ceph RGW up at http://$endpoint in ${took}s, its first write ${first_write}s (mon, osd, radosgw, watchdog: pids${pids}; dir $dir)"
