@@ -22,7 +22,8 @@ std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
     if (!kv.first.empty()) values[kv.first] = kv.second;
   }
   return values;
@@ -57,16 +58,20 @@ std::unique_ptr<S3TestServer> S3TestServer::Start(std::string* skip_reason) {
   uint32_t port = 0;
   const std::string endpoint = env["CKPT_RGW_ENDPOINT"];
   const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) ||
-      env["CKPT_RGW_ACCESS_KEY"].empty() || env["CKPT_RGW_SECRET_KEY"].empty()) {
-    return FailOrNull(absl::StrCat("no running Ceph RGW described in ", env_file,
-                                   " (the ctest fixture s3-rgw:start starts it: "
-                                   "tests/s3/start-rgw.sh start FILE)"));
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) ||
+      env["CKPT_RGW_ACCESS_KEY"].empty() ||
+      env["CKPT_RGW_SECRET_KEY"].empty()) {
+    return FailOrNull(
+        absl::StrCat("no running Ceph RGW described in ", env_file,
+                     " (the ctest test 's3-rgw: start Ceph RGW' starts it: "
+                     "tests/s3/start-rgw.sh start FILE)"));
   }
   server->name_ = "Ceph RGW";
   server->secret_key_ = env["CKPT_RGW_SECRET_KEY"];
   S3ClientOptions& options = server->options_;
-  options.endpoint = S3Endpoint{.https = false, .host = endpoint.substr(0, colon),
+  options.endpoint = S3Endpoint{.https = false,
+                                .host = endpoint.substr(0, colon),
                                 .port = static_cast<uint16_t>(port)};
   options.style = AddressingStyle::kPath;
   options.credentials.access_key_id = env["CKPT_RGW_ACCESS_KEY"];
@@ -80,8 +85,9 @@ std::unique_ptr<S3TestServer> S3TestServer::Start(std::string* skip_reason) {
                                  absl::ToUnixMillis(absl::Now()) % 1000000);
   absl::Status made = server->Client()->CreateBucket(server->bucket_);
   if (!made.ok()) {
-    return FailOrNull(absl::StrCat("creating bucket ", server->bucket_, " on Ceph RGW at ",
-                                   endpoint, ": ", made.ToString()));
+    return FailOrNull(absl::StrCat("creating bucket ", server->bucket_,
+                                   " on Ceph RGW at ", endpoint, ": ",
+                                   made.ToString()));
   }
   return server;
 }

@@ -52,14 +52,18 @@ stop_dir() {
   ours() {
     [ "$1" != $$ ] && tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -qF -- "$conf"
   }
-  for pid in $pids; do ours "$pid" && kill -TERM -- "-$pid" 2>/dev/null || true; done
+  for pid in $pids; do
+    if ours "$pid"; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
+  done
   for _ in $(seq 100); do  # 10 s
     alive=""
     for pid in $pids; do ours "$pid" && alive="$alive $pid"; done
     [ -z "$alive" ] && break
     sleep 0.1
   done
-  for pid in $pids; do ours "$pid" && kill -KILL -- "-$pid" 2>/dev/null || true; done
+  for pid in $pids; do
+    if ours "$pid"; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
+  done
   case "$dir" in
     */ckpt-rgw.*) rm -rf -- "$dir" ;;
     *) log "not removing $dir: not a directory this script made" ;;
@@ -94,9 +98,7 @@ if [ -n "$missing" ]; then
   log "$reason"
   exit 77
 fi
-for tool in python3; do
-  command -v "$tool" >/dev/null || { log "$tool is needed"; exit 1; }
-done
+command -v python3 >/dev/null || { log "python3 is needed (free ports, the S3 probe)"; exit 1; }
 
 t0=$(date +%s.%N)
 dir=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-rgw.XXXXXX")
@@ -279,6 +281,7 @@ first_write=$(python3 -c "import time; print(f'{time.time() - $first_write:.1f}'
 # between its start and stop tests), it is stopped after
 # CKPT_RGW_MAX_SECONDS (1 h). Its command line names the ceph.conf, so the
 # stop path ends it too, with its sleep (its process group).
+# shellcheck disable=SC2016  # expanded by the watchdog's bash
 setsid bash -c 'sleep "$1" && exec "$2" stop "$3"' ckpt-rgw-watchdog \
   "${CKPT_RGW_MAX_SECONDS:-3600}" "$self" "$env_file" "$conf" </dev/null >/dev/null 2>&1 &
 pids="$pids $!"
