@@ -27,6 +27,12 @@ packages=(
   # The unit booted under a real systemd in a debootstrapped Debian tree
   # (tests/system/systemd_unit_test.sh; skipped without them).
   systemd-container debootstrap
+  # Ceph RGW, the second real S3 server of the S3 tests (tests/s3/start-rgw.sh:
+  # one monitor, one OSD on a file, radosgw on 127.0.0.1; skipped without
+  # them). ceph-common brings ceph, radosgw-admin and ceph-authtool,
+  # ceph-base (a dependency) monmaptool. About 40 s to install here. Their
+  # services must not start: see policy-rc.d below.
+  ceph-mon ceph-osd radosgw ceph-common
 )
 
 missing=()
@@ -35,6 +41,25 @@ for p in "${packages[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
+  # No package may start a system service here (Ceph's would start cluster
+  # daemons): where no policy-rc.d denies them (Debian's container images
+  # ship one that exits 101), one is written for the install and removed
+  # after it.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# Written by ckptd scripts/setup-debian.sh for one install.\nexit 101\n' |
+      $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    trap '$SUDO rm -f "$policy"' EXIT
+  else
+    rc=0
+    "$policy" ceph-mon start >/dev/null 2>&1 || rc=$?
+    if [ "$rc" -ne 101 ]; then
+      echo "setup-debian: $policy allows service starts (exit $rc, not 101); refusing to" \
+        "install packages that would start Ceph daemons" >&2
+      exit 1
+    fi
+  fi
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi

@@ -56,7 +56,9 @@ absl::Status HttpErrorStatus(const HttpResponse& response, std::string* s3_code)
     absl::StatusOr<S3ErrorResponse> error = ParseErrorResponse(response.body);
     if (error.ok()) {
       *s3_code = error->code;
-      absl::StrAppend(&message, " ", error->code, ": ", error->message);
+      absl::StrAppend(&message, " ", error->code);
+      // Ceph RGW sends the code alone.
+      if (!error->message.empty()) absl::StrAppend(&message, ": ", error->message);
       if (!error->request_id.empty()) {
         absl::StrAppend(&message, " (request id ", error->request_id, ")");
       }
@@ -299,14 +301,31 @@ absl::StatusOr<std::string> S3Client::CompleteMultipartUpload(
             .headers = {{"content-type", "application/xml"}}, .body = body};
   ASSIGN_OR_RETURN(HttpResponse response, Execute(call));
   // S3 may answer 200 and then an <Error> (the parse names it).
-  return NamedParse(ParseCompleteMultipartUpload(response.body), call.operation, bucket, key);
+  ASSIGN_OR_RETURN(std::string etag, NamedParse(ParseCompleteMultipartUpload(response.body),
+                                                call.operation, bucket, key));
+  if (!etag.empty()) return etag;
+  // Ceph RGW 16 (Debian 12's) answers an empty <ETag/>; the object's HEAD
+  // has it.
+  ASSIGN_OR_RETURN(ObjectSummary head, HeadObject(bucket, key));
+  if (head.etag.empty()) {
+    return absl::InternalError(absl::StrCat("S3 CompleteMultipartUpload ", ObjectName(bucket, key),
+                                            ": no ETag in the answer or the object's HEAD"));
+  }
+  return std::move(head.etag);
 }
 
 absl::Status S3Client::AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
                                             absl::string_view upload_id) {
   Call call{.operation = "AbortMultipartUpload", .bucket = bucket, .key = key,
             .method = "DELETE", .query = {{"uploadId", std::string(upload_id)}}};
-  return Execute(call).status();
+  absl::Status status = Execute(call).status();
+  // 404 NoSuchUpload: gone already. Ceph RGW answers so to an upload
+  // aborted before (SeaweedFS answers 204), and so to a retried abort whose
+  // first attempt's answer was lost.
+  if (absl::IsNotFound(status) && absl::StrContains(status.message(), "HTTP 404 NoSuchUpload")) {
+    return absl::OkStatus();
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<MultipartUploadSummary>> S3Client::ListMultipartUploads(

@@ -107,10 +107,13 @@ class S3Client {
   absl::StatusOr<std::string> UploadPart(absl::string_view bucket, absl::string_view key,
                                          absl::string_view upload_id, int part_number,
                                          absl::string_view body);
-  // Returns the object's ETag.
+  // Returns the object's ETag (from a HEAD where the server answers an
+  // empty one, as Ceph RGW 16 does).
   absl::StatusOr<std::string> CompleteMultipartUpload(
       absl::string_view bucket, absl::string_view key, absl::string_view upload_id,
       const std::vector<CompletedPart>& parts);
+  // OK where the upload is gone already (404 NoSuchUpload: aborted or
+  // completed before); a missing bucket is still NotFound.
   absl::Status AbortMultipartUpload(absl::string_view bucket, absl::string_view key,
                                     absl::string_view upload_id);
   // The unfinished uploads under `prefix` (a crashed writer's leftovers).

@@ -1,4 +1,5 @@
-// Multipart uploads against a real S3 server (SeaweedFS): parts in flight
+// Multipart uploads against a real S3 server (SeaweedFS or Ceph RGW:
+// s3_test_server.h): parts in flight
 // at once from the caller's buffer, read back bit-exact; an aborted upload
 // gone from the server's list.
 #include <catch2/catch.hpp>
@@ -8,14 +9,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "s3/seaweedfs_fixture.h"
+#include "s3/s3_test_server.h"
 #include "storage/s3/multipart_upload.h"
 #include "support/skip.h"
 
 namespace ckpt::s3 {
 namespace {
 
-using testing::SeaweedFs;
+using testing::S3TestServer;
 
 std::string Pattern(size_t size) {
   std::string bytes(size, '\0');
@@ -37,10 +38,11 @@ bool HasUpload(const std::vector<MultipartUploadSummary>& uploads, const std::st
 }
 
 TEST_CASE("s3 multipart: 40 MiB in 8 MiB parts, 4 in flight, reads back bit-exact",
-          "[server]") {
+          "[server][s3server]") {
   std::string skip_reason;
-  auto server = SeaweedFs::Start(&skip_reason);
+  auto server = S3TestServer::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
+  const std::string bucket = server->bucket();
   S3ClientOptions options = server->ClientOptions();
   options.sign_payloads = false;  // UNSIGNED-PAYLOAD, as the bulk path sends parts
   auto client = S3Client::Create(options);
@@ -52,77 +54,82 @@ TEST_CASE("s3 multipart: 40 MiB in 8 MiB parts, 4 in flight, reads back bit-exac
   // here): that upload is timed apart from the steady one after it.
   const MultipartOptions four_in_flight{.part_size = 8ull << 20, .parts_in_flight = 4};
   absl::Time start = absl::Now();
-  auto first = UploadMultipart(**client, SeaweedFs::kBucket, key + ".first", bytes,
+  auto first = UploadMultipart(**client, bucket, key + ".first", bytes,
                                four_in_flight);
   const absl::Duration first_took = absl::Now() - start;
   REQUIRE(first.ok());
   start = absl::Now();
-  auto uploaded = UploadMultipart(**client, SeaweedFs::kBucket, key, bytes, four_in_flight);
+  auto uploaded = UploadMultipart(**client, bucket, key, bytes, four_in_flight);
   const absl::Duration took = absl::Now() - start;
   REQUIRE(uploaded.ok());
   CHECK(uploaded->parts == 5);
+  INFO("ETag " << uploaded->etag);
   CHECK(absl::StrContains(uploaded->etag, "-5"));  // S3's multipart ETag form
-  std::printf("multipart: 40 MiB in 5 parts, 4 in flight, to SeaweedFS: first %s (%.0f MiB/s), "
+  std::printf("multipart: 40 MiB in 5 parts, 4 in flight, to %s: first %s (%.0f MiB/s), "
               "then %s (%.0f MiB/s)\n",
+              server->name().c_str(),
               absl::FormatDuration(first_took).c_str(), 40.0 / absl::ToDoubleSeconds(first_took),
               absl::FormatDuration(took).c_str(), 40.0 / absl::ToDoubleSeconds(took));
 
   std::string back(bytes.size(), '\0');
-  auto read = (*client)->GetObject(SeaweedFs::kBucket, key, absl::MakeSpan(back));
+  auto read = (*client)->GetObject(bucket, key, absl::MakeSpan(back));
   REQUIRE(read.ok());
   CHECK(*read == bytes.size());
   CHECK(back == bytes);
-  auto uploads = (*client)->ListMultipartUploads(SeaweedFs::kBucket, "multipart/");
+  auto uploads = (*client)->ListMultipartUploads(bucket, "multipart/");
   REQUIRE(uploads.ok());
   CHECK(uploads->empty());
 
   // Parts below S3's 5 MiB minimum are refused before anything is sent.
-  auto tiny = UploadMultipart(**client, SeaweedFs::kBucket, key, bytes,
+  auto tiny = UploadMultipart(**client, bucket, key, bytes,
                               MultipartOptions{.part_size = 1 << 20, .parts_in_flight = 4});
   CHECK(absl::IsInvalidArgument(tiny.status()));
 }
 
 TEST_CASE("s3 multipart: an aborted upload is gone from ListMultipartUploads, and a sweep "
           "aborts what is left under a prefix",
-          "[server]") {
+          "[server][s3server]") {
   std::string skip_reason;
-  auto server = SeaweedFs::Start(&skip_reason);
+  auto server = S3TestServer::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
+  const std::string bucket = server->bucket();
   auto client = server->Client();
   const std::string bytes = Pattern(5ull << 20);
-  auto kept = client->CreateMultipartUpload(SeaweedFs::kBucket, "stale/kept");
-  auto aborted = client->CreateMultipartUpload(SeaweedFs::kBucket, "stale/aborted");
+  auto kept = client->CreateMultipartUpload(bucket, "stale/kept");
+  auto aborted = client->CreateMultipartUpload(bucket, "stale/aborted");
   REQUIRE(kept.ok());
   REQUIRE(aborted.ok());
-  REQUIRE(client->UploadPart(SeaweedFs::kBucket, "stale/aborted", *aborted, 1, bytes).ok());
+  REQUIRE(client->UploadPart(bucket, "stale/aborted", *aborted, 1, bytes).ok());
 
-  auto before = client->ListMultipartUploads(SeaweedFs::kBucket, "stale/");
+  auto before = client->ListMultipartUploads(bucket, "stale/");
   REQUIRE(before.ok());
   CHECK(HasUpload(*before, *kept));
   CHECK(HasUpload(*before, *aborted));
 
-  REQUIRE(client->AbortMultipartUpload(SeaweedFs::kBucket, "stale/aborted", *aborted).ok());
-  auto after = client->ListMultipartUploads(SeaweedFs::kBucket, "stale/");
+  REQUIRE(client->AbortMultipartUpload(bucket, "stale/aborted", *aborted).ok());
+  // Again: gone already is no error (Ceph RGW answers 404 NoSuchUpload).
+  CHECK(client->AbortMultipartUpload(bucket, "stale/aborted", *aborted).ok());
+  auto after = client->ListMultipartUploads(bucket, "stale/");
   REQUIRE(after.ok());
   CHECK(HasUpload(*after, *kept));
   CHECK_FALSE(HasUpload(*after, *aborted));
   // Completing the aborted upload fails: its parts are gone.
-  auto complete = client->CompleteMultipartUpload(SeaweedFs::kBucket, "stale/aborted",
+  auto complete = client->CompleteMultipartUpload(bucket, "stale/aborted",
                                                   *aborted, {{1, "\"x\""}});
   CHECK_FALSE(complete.ok());
 
   // Startup recovery's sweep: an upload begun after the cutoff is left
   // alone, one begun before it aborted (its Initiated time read).
-  auto recent = AbortMultipartUploads(*client, SeaweedFs::kBucket, "stale/",
+  auto recent = AbortMultipartUploads(*client, bucket, "stale/",
                                       absl::Now() - absl::Hours(1));
   REQUIRE(recent.ok());
   CHECK(recent->aborted == 0);
   CHECK(recent->kept == 1);
-  auto swept = AbortMultipartUploads(*client, SeaweedFs::kBucket, "stale/",
+  auto swept = AbortMultipartUploads(*client, bucket, "stale/",
                                      absl::Now() + absl::Minutes(1));
   REQUIRE(swept.ok());
   CHECK(swept->aborted == 1);
-  auto none = client->ListMultipartUploads(SeaweedFs::kBucket, "stale/");
+  auto none = client->ListMultipartUploads(bucket, "stale/");
   REQUIRE(none.ok());
   CHECK(none->empty());
 }

@@ -126,5 +126,49 @@ TEST_CASE("s3 faults: a part that fails for good aborts the multipart upload", "
   }
 }
 
+TEST_CASE("s3 faults: an empty ETag in CompleteMultipartUpload's answer (Ceph RGW 16) is "
+          "taken from the object's HEAD",
+          "[server]") {
+  TinyHttpServer server(TinyHttpServer::Mode::kScripted, [](int, const std::string& line) {
+    if (absl::StartsWith(line, "POST") && absl::StrContains(line, "uploadId=")) {
+      return TinyHttpServer::Response(
+          200, "<CompleteMultipartUploadResult><Bucket>ckpt-test</Bucket><Key>mp/key</Key>"
+               "<ETag></ETag></CompleteMultipartUploadResult>");
+    }
+    if (absl::StartsWith(line, "HEAD")) {
+      return TinyHttpServer::Response(200, "", "ETag: \"abc-2\"\r\n");
+    }
+    return TinyHttpServer::Response(500, ErrorXml("InternalError", "unexpected"));
+  });
+  auto client = S3Client::Create(LocalOptions(server.port()));
+  REQUIRE(client.ok());
+  auto etag = (*client)->CompleteMultipartUpload(kBucket, "mp/key", "UPLOAD1",
+                                                 {{1, "\"a\""}, {2, "\"b\""}});
+  INFO(etag.status());
+  REQUIRE(etag.ok());
+  CHECK(*etag == "\"abc-2\"");
+  CHECK(server.request_count() == 2);
+}
+
+TEST_CASE("s3 faults: aborting an upload that is gone (404 NoSuchUpload) succeeds, a missing "
+          "bucket does not, and a code without a message reads cleanly",
+          "[server]") {
+  TinyHttpServer server(TinyHttpServer::Mode::kScripted, [](int, const std::string& line) {
+    // Ceph RGW's form: the code, an empty message.
+    if (absl::StrContains(line, "/ckpt-test/")) {
+      return TinyHttpServer::Response(404, ErrorXml("NoSuchUpload", ""));
+    }
+    return TinyHttpServer::Response(404, ErrorXml("NoSuchBucket", ""));
+  });
+  auto client = S3Client::Create(LocalOptions(server.port()));
+  REQUIRE(client.ok());
+  CHECK((*client)->AbortMultipartUpload(kBucket, "mp/key", "UPLOAD1").ok());
+  const absl::Status missing = (*client)->AbortMultipartUpload("no-bucket", "mp/key", "UPLOAD1");
+  INFO(missing);
+  CHECK(absl::IsNotFound(missing));
+  CHECK(absl::EndsWith(missing.message(), "HTTP 404 NoSuchBucket (request id REQ1)"));
+  CHECK(server.request_count() == 2);
+}
+
 }  // namespace
 }  // namespace ckpt::s3
