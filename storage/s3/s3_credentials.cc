@@ -1,9 +1,6 @@
 #include "storage/s3/s3_credentials.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <vector>
 
@@ -12,8 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/regular_file.h"
 #include "common/status.h"
-#include "common/unique_fd.h"
 
 namespace ckpt::s3 {
 namespace {
@@ -25,28 +22,6 @@ constexpr size_t kMaxCredentialsFileBytes = 64 * 1024;
 std::string ProfileFromEnv(const EnvLookup& env) {
   std::optional<std::string> profile = env("AWS_PROFILE");
   return profile && !profile->empty() ? *profile : "default";
-}
-
-absl::StatusOr<std::string> ReadBounded(const std::string& path) {
-  UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::string text;
-  char buffer[4096];
-  while (true) {
-    const ssize_t got = read(fd.get(), buffer, sizeof(buffer));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    }
-    if (got == 0) break;
-    text.append(buffer, static_cast<size_t>(got));
-    if (text.size() > kMaxCredentialsFileBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("credentials file ", path, " is larger than ",
-                       kMaxCredentialsFileBytes, " bytes"));
-    }
-  }
-  return text;
 }
 
 }  // namespace
@@ -120,7 +95,9 @@ absl::StatusOr<S3Credentials> ParseCredentialsFile(absl::string_view text,
 
 absl::StatusOr<S3Credentials> ReadCredentialsFile(const std::string& path,
                                                   absl::string_view profile) {
-  ASSIGN_OR_RETURN(const std::string text, ReadBounded(path));
+  // Not waiting on what is not a regular file (a FIFO under the name would
+  // hold the daemon's start), and bounded (a wrong path to something huge).
+  ASSIGN_OR_RETURN(const std::string text, ReadRegularFile(path, kMaxCredentialsFileBytes));
   return ParseCredentialsFile(text, profile, path);
 }
 

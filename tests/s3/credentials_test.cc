@@ -1,5 +1,7 @@
 // Credentials by the AWS conventions, and the secret kept out of every
 // message and debug string.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -138,8 +140,13 @@ TEST_CASE("credentials: a malformed file's error names the line, never the secre
   // A wrong path to something huge is refused at the bound, not read whole.
   WriteFile(dir.File("huge"), "[default]\n# " + std::string(100 * 1024, 'x') + "\n");
   auto huge = ReadCredentialsFile(dir.File("huge"), "default");
-  CHECK(absl::IsInvalidArgument(huge.status()));
-  CHECK(std::string(huge.status().message()).find("larger than 65536 bytes") != std::string::npos);
+  CHECK(absl::IsFailedPrecondition(huge.status()));
+  CHECK(std::string(huge.status().message()).find("more than the 65536") != std::string::npos);
+  // A FIFO under the name (no writer) is refused at once, not waited on.
+  REQUIRE(::mkfifo(dir.File("fifo").c_str(), 0600) == 0);
+  auto fifo = ReadCredentialsFile(dir.File("fifo"), "default");
+  CHECK(absl::IsFailedPrecondition(fifo.status()));
+  CHECK(std::string(fifo.status().message()).find("not a regular file") != std::string::npos);
 }
 
 TEST_CASE("credentials: debug output and streaming redact the secret and token",
