@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan into
-# build-fuzz/ and runs each for a bounded time, starting from its checked-in
-# seeds (fuzz/corpus/<target>/) plus what earlier runs here found
-# (build-fuzz/corpus/<target>/). Any crash, sanitizer report (ASan, UBSan,
+# Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan in the
+# sanitizer tree build-asan/ (scripts/build-asan.sh, shared with
+# scripts/check-sanitizers.sh: after it, nothing is left to build) and runs
+# each for a bounded time, starting from its checked-in seeds
+# (fuzz/corpus/<target>/) plus what earlier runs here found
+# (build-asan/corpus/<target>/). Any crash, sanitizer report (ASan, UBSan,
 # LeakSanitizer), out-of-memory, slow input or failed fuzz invariant fails the
-# run; the input that caused it is kept as build-fuzz/artifacts/<target>-*,
-# and `build-fuzz/fuzz/<target> FILE` replays it.
+# run; the input that caused it is kept as build-asan/artifacts/<target>-*,
+# and `build-asan/fuzz/<target> FILE` replays it.
 #
 # Environment:
 #   CKPT_FUZZ_SECONDS  seconds per target (default 60)
@@ -14,14 +16,11 @@
 #   CKPT_JOBS          build parallelism (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build-fuzz
+build=build-asan
 seconds="${CKPT_FUZZ_SECONDS:-60}"
 targets="${CKPT_FUZZ_TARGETS:-commit_record_fuzzer safetensors_header_fuzzer save_request_fuzzer load_request_fuzzer}"
 
-CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCKPT_FUZZ=ON -DCKPT_WITH_CUDA=OFF -DBUILD_TESTING=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_pybind11=ON >/dev/null
-cmake --build "$build" -j"${CKPT_JOBS:-2}" --target fuzzers
+scripts/build-asan.sh --target fuzzers
 
 mkdir -p "$build/artifacts"
 # A report ends the process at once, leaks included (libFuzzer checks them

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs every test (unit, integration, install) with ctest; then
 # the same suite built with ASan + UBSan (scripts/check-sanitizers.sh) and
-# each libFuzzer target for a bounded time (scripts/run-fuzzers.sh) (README,
-# "Tests"; docs/TESTING.md has each stage's time); CKPT_SANITIZERS=0 leaves them out, for a quick local run. Arguments
-# go to the first ctest only (e.g. -R pattern).
+# each libFuzzer target for a bounded time (scripts/run-fuzzers.sh), both
+# from one sanitizer build, build-asan/ (README, "Tests"; docs/TESTING.md has
+# each stage's time); CKPT_SANITIZERS=0 leaves them out, for a quick local
+# run. Arguments go to the first ctest only (e.g. -R pattern).
 #
 # Each stage is timed; at the end a table gives its wall time against its
 # budget (docs/TESTING.md: the whole run fits 35 minutes on 2 cores), and a
