@@ -13,6 +13,7 @@
 #   CKPT_FUZZ_SECONDS  seconds per target (default 60)
 #   CKPT_FUZZ_TARGETS  targets to run (default: all four)
 #   CKPT_FUZZ_ARGS     extra libFuzzer flags (e.g. -seed=1)
+#   CKPT_FUZZ_JOBS     targets run at a time (default 2)
 #   CKPT_JOBS          build parallelism (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,22 +28,38 @@ mkdir -p "$build/artifacts"
 # after each input that allocated more than it freed).
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-failed=()
-for target in $targets; do
-  corpus="$build/corpus/$target"
+# fuzz TARGET: runs TARGET for $seconds; its log is $build/TARGET.log.
+fuzz() {
+  local target=$1 corpus="$build/corpus/$1"
   mkdir -p "$corpus"
-  echo "run-fuzzers.sh: $target for ${seconds}s"
   # New inputs go to the first directory only: the checked-in seeds stay
   # as they are. -timeout: an input slower than 10 s is a finding too.
   # shellcheck disable=SC2086
-  if ! "$build/fuzz/$target" -max_total_time="$seconds" -timeout=10 \
-      -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
-      -artifact_prefix="$build/artifacts/$target-" ${CKPT_FUZZ_ARGS:-} \
-      "$corpus" "fuzz/corpus/$target" >"$build/$target.log" 2>&1; then
+  "$build/fuzz/$target" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
+    -artifact_prefix="$build/artifacts/$target-" ${CKPT_FUZZ_ARGS:-} \
+    "$corpus" "fuzz/corpus/$target" >"$build/$target.log" 2>&1
+}
+# CKPT_FUZZ_JOBS targets at a time (default 2, one per core of CI): each
+# still runs its full time on a core of its own, in half the wall time.
+jobs="${CKPT_FUZZ_JOBS:-2}"
+declare -A pids=()
+for target in $targets; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+    wait -n || true
+  done
+  echo "run-fuzzers.sh: $target for ${seconds}s"
+  fuzz "$target" &
+  pids[$target]=$!
+done
+failed=()
+for target in $targets; do
+  if ! wait "${pids[$target]}"; then
     tail -n 60 "$build/$target.log" >&2
     failed+=("$target")
     continue
   fi
+  echo -n "run-fuzzers.sh: $target: "
   grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$build/$target.log" |
     tr '\n' ' '
   echo
