@@ -7,7 +7,7 @@
 // The requests are the ones those ranks would send to save and to load
 // (also resharded onto another world size).
 //
-//   build-fuzz/fuzz/make_fuzz_seeds fuzz/corpus
+//   build-asan/fuzz/make_fuzz_seeds fuzz/corpus
 #include <cerrno>
 #include <cstdio>
 #include <cstring>

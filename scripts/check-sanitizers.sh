@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds every test with AddressSanitizer and UndefinedBehaviorSanitizer
-# (clang, into build-asan/) and runs the unit, integration, install, layout
-# and Python tests with ctest. Any report fails the run: ASan stops at the
+# (clang, into build-asan/, by scripts/build-asan.sh, which also builds the
+# fuzzers there) and runs the unit, integration, install, layout and Python
+# tests with ctest. Any report fails the run: ASan stops at the
 # first error, UBSan errors are not recoverable (-fno-sanitize-recover), and
 # LeakSanitizer checks every process at exit, python3 excepted (below).
 #
@@ -26,17 +27,8 @@ cd "$(dirname "$0")/.."
 build=build-asan
 logs="$PWD/$build/sanitizer-logs"
 
-sanitize="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-# The extension modules are built for the project venv's python, as in
-# scripts/build.sh. (-U: an older version of this script turned pybind11 off.)
-python_flag=()
-[ -x .venv/bin/python ] && python_flag=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")
-CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug \
-  -DCKPT_WITH_CUDA=OFF -UCMAKE_DISABLE_FIND_PACKAGE_pybind11 "${python_flag[@]}" \
-  -DCMAKE_C_FLAGS="-O1 $sanitize" -DCMAKE_CXX_FLAGS="-O1 $sanitize" \
-  -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" \
-  -DCMAKE_MODULE_LINKER_FLAGS="$sanitize" >/dev/null
-cmake --build "$build" -j"${CKPT_JOBS:-2}"
+# The tree is shared with the fuzzers (scripts/build-asan.sh configures it).
+scripts/build-asan.sh
 
 rm -rf "$logs"
 mkdir -p "$logs"
