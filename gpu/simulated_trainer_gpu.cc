@@ -41,10 +41,8 @@ SimulatedTrainerGpu::~SimulatedTrainerGpu() {
   }
 }
 
-absl::StatusOr<uint64_t> SimulatedTrainerGpu::Allocate(uint64_t bytes,
-                                                       int device,
-                                                       uint64_t at) {
-  return MapNew(1, bytes, device, at);
+absl::StatusOr<uint64_t> SimulatedTrainerGpu::Allocate(uint64_t bytes, int device) {
+  return MapNew(1, bytes, device);
 }
 
 absl::StatusOr<uint64_t> SimulatedTrainerGpu::AllocateSegments(
@@ -52,12 +50,12 @@ absl::StatusOr<uint64_t> SimulatedTrainerGpu::AllocateSegments(
   if (count <= 0) {
     return absl::InvalidArgumentError("AllocateSegments: no segments");
   }
-  return MapNew(count, bytes_each, device, 0);
+  return MapNew(count, bytes_each, device);
 }
 
 absl::StatusOr<uint64_t> SimulatedTrainerGpu::MapNew(int count,
                                                      uint64_t bytes_each,
-                                                     int device, uint64_t at) {
+                                                     int device) {
   const uint64_t page = SimulatedPageSize();
   if (device < 0 || device >= device_count_) {
     return absl::InvalidArgumentError(
@@ -81,7 +79,7 @@ absl::StatusOr<uint64_t> SimulatedTrainerGpu::MapNew(int count,
         {next_allocation_id.fetch_add(1), device, bytes, *std::move(fd)});
   }
   const std::vector<uint64_t> sizes(fds.size(), bytes);
-  absl::StatusOr<char*> base = MapBackToBack(fds, sizes, at);
+  absl::StatusOr<char*> base = MapBackToBack(fds, sizes);
   if (!base.ok()) return Annotate(base.status(), "Allocate");
   const uint64_t first = reinterpret_cast<uint64_t>(*base);
   absl::MutexLock lock(&mu_);
@@ -105,6 +103,30 @@ absl::Status SimulatedTrainerGpu::Free(uint64_t address) {
         absl::StrCat("Free: munmap ", RangeText(address, it->second.bytes)));
   }
   allocations_.erase(it);  // closes the memfd
+  return absl::OkStatus();
+}
+
+absl::Status SimulatedTrainerGpu::Reallocate(uint64_t address) {
+  absl::MutexLock lock(&mu_);
+  auto it = allocations_.find(address);
+  if (it == allocations_.end()) {
+    return absl::NotFoundError(absl::StrCat("Reallocate: 0x", absl::Hex(address),
+                                            " is not the start of a simulated "
+                                            "allocation"));
+  }
+  const uint64_t bytes = it->second.bytes;
+  const int device = it->second.device;
+  absl::StatusOr<UniqueFd> fd = CreateSimulatedAllocation(
+      bytes, absl::StrCat("ckpt-sim-alloc-gpu", device).c_str());
+  if (!fd.ok()) return Annotate(fd.status(), "Reallocate");
+  // MAP_FIXED replaces the old pages in one step: the address is never free.
+  if (::mmap(reinterpret_cast<void*>(address), bytes, PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_FIXED, fd->get(), 0) == MAP_FAILED) {
+    return ErrnoToStatus(errno,
+                         absl::StrCat("Reallocate: mapping ", RangeText(address, bytes)));
+  }
+  // Closes the old memfd; mappings of it elsewhere keep its pages.
+  it->second = Allocation{next_allocation_id.fetch_add(1), device, bytes, *std::move(fd)};
   return absl::OkStatus();
 }
 

@@ -51,10 +51,8 @@ class SimulatedTrainerGpu final : public TrainerGpu {
   SimulatedTrainerGpu& operator=(const SimulatedTrainerGpu&) = delete;
 
   // One allocation of `bytes` (rounded up to the page size, zero-filled) on
-  // device `device`; its address. `at` != 0 asks for that address
-  // (AlreadyExists if it is taken).
-  absl::StatusOr<uint64_t> Allocate(uint64_t bytes, int device = 0,
-                                    uint64_t at = 0);
+  // device `device`; its address.
+  absl::StatusOr<uint64_t> Allocate(uint64_t bytes, int device = 0);
   // `count` allocations of `bytes_each` (rounded up to the page size),
   // back to back; the address of the first. Each is its own allocation:
   // its own id, freed on its own.
@@ -62,6 +60,14 @@ class SimulatedTrainerGpu final : public TrainerGpu {
                                             int device = 0);
   // Unmaps and closes the allocation that starts at `address`.
   absl::Status Free(uint64_t address);
+  // Frees the allocation that starts at `address` and allocates a new one
+  // of its size and device at the same address, as a caching allocator's
+  // free and malloc may hand back the same address: a new allocation (its
+  // own id, zero-filled) replaces the old with one mmap(MAP_FIXED), so that
+  // nothing else in the process can take the address in between (a munmap
+  // and then a mapping at that address lost it, now and then, to the
+  // sanitizer's own allocations).
+  absl::Status Reallocate(uint64_t address);
 
   // TrainerGpu. Export and AllocationIds: NotFound for a range that is not
   // wholly simulated device memory of this object.
@@ -101,8 +107,7 @@ class SimulatedTrainerGpu final : public TrainerGpu {
     std::shared_ptr<SimulatedStream> relay_stream;
   };
 
-  absl::StatusOr<uint64_t> MapNew(int count, uint64_t bytes_each, int device,
-                                  uint64_t at);
+  absl::StatusOr<uint64_t> MapNew(int count, uint64_t bytes_each, int device);
   // The allocations under [address, address + length), in address order,
   // which must cover it without a gap.
   absl::StatusOr<std::vector<std::pair<uint64_t, const Allocation*>>> Cover(

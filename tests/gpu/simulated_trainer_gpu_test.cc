@@ -64,7 +64,8 @@ TEST_CASE(
 // ---- The trainer side.
 
 TEST_CASE(
-    "An allocation freed and made again at the same address gets a new id",
+    "An allocation freed and made again at the same address gets a new id, "
+    "and a freed one is no device memory",
     "[gpu]") {
   SimulatedTrainerGpu gpu;
   absl::StatusOr<uint64_t> address = gpu.Allocate(4096);
@@ -72,17 +73,20 @@ TEST_CASE(
   auto first = gpu.AllocationIds(*address, 4096);
   REQUIRE(first.ok());
   REQUIRE(first->size() == 1);
+  char* memory = reinterpret_cast<char*>(*address);
+  memory[0] = 7;
 
-  REQUIRE(gpu.Free(*address).ok());
-  CHECK(gpu.AllocationIds(*address, 4096).status().code() ==
-        absl::StatusCode::kNotFound);
-  absl::StatusOr<uint64_t> again = gpu.Allocate(4096, 0, *address);
-  REQUIRE(again.ok());
-  REQUIRE(*again == *address);
+  REQUIRE(gpu.Reallocate(*address).ok());
   auto second = gpu.AllocationIds(*address, 4096);
   REQUIRE(second.ok());
   REQUIRE(second->size() == 1);
   CHECK((*second)[0] != (*first)[0]);
+  CHECK(memory[0] == 0);  // new memory, zero-filled
+
+  REQUIRE(gpu.Free(*address).ok());
+  CHECK(gpu.AllocationIds(*address, 4096).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(gpu.Reallocate(*address).code() == absl::StatusCode::kNotFound);
 
   // Ids are process-wide: another trainer object never repeats them.
   SimulatedTrainerGpu other;
