@@ -1,0 +1,115 @@
+// ObjectStore: the storage seam of the remote (cluster) tier, a narrow
+// key/value interface in the style of TensorStore's kvstore drivers and
+// LevelDB's Env. Two drivers stand side by side:
+//   storage/posix_object_store.h   a directory (a shared file system
+//                                   mounted on every node, or a local one)
+//   storage/s3/s3_object_store.h   an S3 bucket and prefix (s3_client.h)
+// and one decorator, storage/counting_object_store.h, that counts the
+// requests (the commit's scale simulation and the metrics).
+//
+// Keys are relative, '/'-separated paths ("job/step-100/COMMIT"); every
+// component must be a valid storage name (common/names.h: [A-Za-z0-9._-],
+// at most 128 bytes, not "." and no ".."), at most 1024 bytes in all (S3's
+// limit). A driver maps them below its
+// own root (a directory, or a bucket's prefix): nothing outside it can be
+// named. ValidateObjectKey is the one check, and every driver calls it.
+//
+// The semantics every driver keeps (what the commit protocol relies on):
+//  - Put is atomic and durable: once it returns OK the whole object is
+//    there and survives a crash of this node; a reader sees the old object,
+//    the new one, or none, never part of one. A Put that fails leaves the
+//    old object (or none) in place, possibly with a leftover that
+//    AbortUnfinished removes later (an S3 multipart upload, a temporary).
+//  - After Put returns, Get, Head and List from any node see the object
+//    (S3 has been strongly consistent since 2020; a shared file system
+//    needs the mount options of docs/OPERATIONS.md).
+//  - Delete of a missing object succeeds.
+//
+// Errors are absl::Status whose message names the object
+// (Describe(key): "s3://bucket/prefix/key" or "/shared/dir/key") and the
+// server's or the kernel's answer; NotFound means "no such object".
+// Credentials never appear in them.
+//
+// Thread-safety: every driver's methods may be called from many threads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace ckpt {
+
+struct ObjectRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;  // > 0
+};
+
+struct ObjectInfo {
+  std::string key;  // relative to the store, as Put named it
+  uint64_t size = 0;
+};
+
+struct ObjectListing {
+  std::vector<ObjectInfo> objects;  // sorted by key
+  // With a delimiter: the distinct key prefixes up to and including the
+  // delimiter after `prefix` ("job/step-100/"), sorted.
+  std::vector<std::string> prefixes;
+};
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+
+  // Where `key` lives, for messages: "s3://bucket/prefix/key", "/dir/key".
+  virtual std::string Describe(absl::string_view key) const = 0;
+
+  // Writes the whole object atomically and durably (see above). Large
+  // bodies go in parts where the driver has them (S3 multipart).
+  virtual absl::Status Put(absl::string_view key, absl::string_view body) = 0;
+
+  // Reads the object, or `range` of it, into `into`; returns the bytes
+  // read. NotFound if there is no object; an error if the object (or
+  // range) is larger than `into`, or the range ends past the object.
+  virtual absl::StatusOr<size_t> Get(absl::string_view key, absl::Span<char> into,
+                                     std::optional<ObjectRange> range = std::nullopt) = 0;
+
+  // Size of the object; NotFound if there is none.
+  virtual absl::StatusOr<ObjectInfo> Head(absl::string_view key) = 0;
+
+  // Every object whose key starts with `prefix` (a string prefix, like
+  // S3's: "job/step-1" also matches "job/step-10/..."). With a delimiter
+  // ("/"), keys with the delimiter after the prefix are rolled up into
+  // `prefixes` instead. Leftovers of unfinished Puts are never listed.
+  virtual absl::StatusOr<ObjectListing> List(absl::string_view prefix,
+                                             absl::string_view delimiter = "") = 0;
+
+  // Removes the object; OK if there is none.
+  virtual absl::Status Delete(absl::string_view key) = 0;
+
+  // Removes what Puts under `prefix` that began before `started_before`
+  // left unfinished (a crashed writer's S3 multipart uploads, its
+  // temporaries); returns how many. Writers still at work (started later)
+  // are left alone.
+  virtual absl::StatusOr<int> AbortUnfinished(absl::string_view prefix,
+                                              absl::Time started_before) = 0;
+};
+
+// OK if `key` is a valid object key (see above); InvalidArgument naming
+// the key otherwise. `prefix_only` (List's prefixes) also accepts "" and a
+// key ending in '/'; a prefix's last component may be a part of one
+// ("job/step-1"), checked by the same rule.
+absl::Status ValidateObjectKey(absl::string_view key, bool prefix_only = false);
+
+// Reads a whole small object (a manifest, COMMIT) into a string; an object
+// larger than `max_bytes` is refused (InvalidArgument) without reading it.
+absl::StatusOr<std::string> GetSmallObject(ObjectStore& store, absl::string_view key,
+                                           size_t max_bytes);
+
+}  // namespace ckpt
