@@ -67,10 +67,23 @@ Error = CkptdError  # every error of the daemon and libckpt (ckptd/errors.py)
 DEFAULT_SOCKET = _ckpt.DEFAULT_SOCKET
 
 
+def slurm_socket() -> Optional[str]:
+    """Inside a Slurm job, the socket of this node's per-job daemon where
+    deploy/slurm/ckptd-slurm started one: /tmp/ckptd-slurm-<uid>-<job>/,
+    a path it derives from SLURM_JOB_ID and the uid alone for this. None
+    where there is none, so that a job using the node's system daemon
+    keeps it."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return None
+    path = f"/tmp/ckptd-slurm-{os.getuid()}-{job}/ckptd.sock"
+    return path if os.path.exists(path) else None
+
+
 def default_socket() -> str:
-    """$CKPTD_SOCKET (a per-job daemon's, under Slurm say), else the
-    daemon's default socket."""
-    return os.environ.get("CKPTD_SOCKET") or DEFAULT_SOCKET
+    """$CKPTD_SOCKET, else this node's per-job daemon in a Slurm job
+    (slurm_socket()), else the daemon's default socket."""
+    return os.environ.get("CKPTD_SOCKET") or slurm_socket() or DEFAULT_SOCKET
 
 # Element types by their safetensors names; the keys are the str() of torch
 # and numpy dtypes.
@@ -185,7 +198,8 @@ class Client:
     def __init__(self, job: str, rank: int = 0, world_size: int = 1, *,
                  socket: Optional[str] = None, node: int = 0, local_world_size: int = 0,
                  local_rank: Optional[int] = None, gpu: Optional[Any] = None):
-        """`socket`: default $CKPTD_SOCKET, else the daemon's default. `gpu`:
+        """`socket`: default default_socket() ($CKPTD_SOCKET, a Slurm job's
+        per-node daemon, the daemon's default). `gpu`:
         None for CUDA tensors on the CUDA runtime, or a
         ckptd._ckpt.SimulatedGpu (see the module's docstring)."""
         socket = socket or default_socket()

@@ -46,7 +46,8 @@ job, reversibly (checkpoint_ids.py; docs/DCP.md), and the checkpoint's files
 live under the daemon's root like every job's.
 
 The job defaults to $CKPTD_JOB (else "default"), the socket to
-$CKPTD_SOCKET (else the daemon's default). Each (job, socket,
+$CKPTD_SOCKET (else, in a Slurm job, the node's daemon that
+deploy/slurm/ckptd-slurm started; else the daemon's default). Each (job, socket,
 process_group) keeps one Checkpointer
 (`checkpointer.py`) for the life of the process.
 

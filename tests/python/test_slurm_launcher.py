@@ -1,0 +1,373 @@
+"""deploy/slurm/ckptd-slurm driven by Slurm's environment, on three "nodes".
+
+Each node is a process holding its own network, mount and UTS namespaces
+(unshare): its own hostname (node01..node03), no network shared with the
+others, and its own /tmp (a directory of the test bound over /tmp), which
+is the node-local storage the launcher keeps its run directory in. What a
+Slurm cluster shares between nodes, the storage root and the submit
+directory the barrier lives in, is a directory outside /tmp. Every command
+of the launcher and every trainer runs in its node's namespaces as a uid
+with no privileges (setpriv), with SLURM_JOB_ID, SLURM_NODEID,
+SLURM_NNODES and SLURM_JOB_NODELIST set as srun sets them.
+
+Checked: `wait` blocks until the last node's daemon answers (node03 is
+started late), and with a node missing it fails after its deadline naming
+that node; a trainer with no socket configured (only Slurm's variables)
+finds its node's daemon and saves and restores a checkpoint the three
+nodes commit together; a save still being written when `stop` runs on
+every node is drained to COMMITTED; afterwards no daemon runs, the
+launcher's files are gone, and everything written belongs to the uid.
+
+Run as: python test_slurm_launcher.py (in this directory), with PYTHONPATH
+holding the built package and CKPTD_BINARY, CKPTCTL_BINARY the binaries.
+Exits 77, which ctest reports as skipped, without root or namespaces.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+LAUNCHER = os.path.normpath(os.path.join(HERE, "..", "..", "deploy", "slurm", "ckptd-slurm"))
+UID = 64123          # no passwd entry needed: the launcher keys on the uid
+JOB = "4242"
+NODES = ["node01", "node02", "node03"]
+NODELIST = "node[01-03]"
+BIG_BYTES = 8 << 20  # per node, written at RATE: in flight when stop comes
+RATE = 2 << 20
+
+TRAINER = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import ckptd
+    assert "CKPTD_SOCKET" not in os.environ
+    node = int(os.environ["SLURM_NODEID"])
+    want = f"/tmp/ckptd-slurm-{os.getuid()}-{os.environ['SLURM_JOB_ID']}/ckptd.sock"
+    assert ckptd.default_socket() == want, (ckptd.default_socket(), want)
+    c = ckptd.Client("slurm-job", rank=node, world_size=3, node=node, local_world_size=1)
+    small = np.arange(1024, dtype=np.float32) + node
+    c.save("step-1", {f"small.{node}": small}).wait_committed()
+    back = np.zeros_like(small)
+    # By name: LATEST follows COMMIT, written by whichever node commits,
+    # so another node may see the commit before LATEST moves.
+    c.load("step-1", {f"small.{node}": back})
+    assert (back == small).all(), "restored bytes differ"
+    big = np.full(%d // 4, node, dtype=np.float32)
+    c.save("step-2", {f"big.{node}": big}).wait_staged()
+    print("staged", flush=True)
+    sys.stdin.read()   # the test stops the daemons now, then lets this exit
+    os._exit(0)
+""" % BIG_BYTES)
+
+
+def prerequisites():
+    """None, or why this cannot run here."""
+    if os.geteuid() != 0:
+        return "needs root (namespaces for the nodes, setpriv to a plain uid)"
+    for tool in ("unshare", "nsenter", "setpriv", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (util-linux, mount)"
+    for name in ("CKPTD_BINARY", "CKPTCTL_BINARY", "PYTHONPATH"):
+        if not os.environ.get(name):
+            return f"{name} is not set (ctest sets it)"
+    r = subprocess.run(["unshare", "--net", "--mount", "--uts", "true"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"unshare --net --mount --uts fails here: {r.stderr.strip()}"
+    # Each node's /tmp is replaced; what the nodes run must live elsewhere.
+    for path in (sys.executable, LAUNCHER, os.environ["CKPTD_BINARY"],
+                 os.environ["CKPTCTL_BINARY"], *os.environ["PYTHONPATH"].split(":")):
+        if os.path.realpath(path).startswith("/tmp/"):
+            return f"{path} is under /tmp, which each node's namespace replaces"
+    return None
+
+
+def closed_ancestor(path):
+    """The first directory above `path` others may not enter (/root, where
+    the venv's interpreter is pyenv's), else None."""
+    here = "/"
+    for part in os.path.dirname(os.path.realpath(path)).strip("/").split("/"):
+        here = os.path.join(here, part)
+        if not os.stat(here).st_mode & 0o001:
+            return here
+    return None
+
+
+def reach_interpreter(base):
+    """Shell commands, for a node's own mount namespace, that let the uid
+    run this interpreter where a directory above its installation is
+    closed: the installation is bound elsewhere, an empty tmpfs (0755)
+    covers the closed directory, and the installation is bound back at its
+    path inside. Nothing changes outside the namespace."""
+    prefix = os.path.realpath(sys.base_prefix)
+    closed = closed_ancestor(os.path.join(prefix, "x"))
+    if closed is None:
+        return ""
+    hold = os.path.join(base, "interpreter")
+    os.makedirs(hold, exist_ok=True)
+    return (f"mount --bind '{prefix}' '{hold}' && "
+            f"mount -t tmpfs -o mode=0755 ckptd-test '{closed}' && "
+            f"mkdir -p '{prefix}' && mount --bind '{hold}' '{prefix}' && ")
+
+
+class Node:
+    """A process holding one node's namespaces; commands enter them."""
+
+    def __init__(self, index, base):
+        self.index = index
+        self.name = NODES[index]
+        self.tmp = os.path.join(base, f"{self.name}-tmp")  # its /tmp
+        os.mkdir(self.tmp)
+        os.chmod(self.tmp, 0o1777)
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+             reach_interpreter(base) +
+             f"mount --bind '{self.tmp}' /tmp && hostname {self.name} && echo up && "
+             "exec sleep 600"], stdout=subprocess.PIPE, text=True)
+        line = self.holder.stdout.readline()
+        assert line.strip() == "up", f"{self.name}'s namespaces did not come up: {line!r}"
+
+    def argv(self, env, *cmd):
+        return ["nsenter", "-t", str(self.holder.pid), "--net", "--mount", "--uts", "--",
+                "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--",
+                "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd]
+
+    def close(self):
+        self.holder.kill()
+        self.holder.wait()
+        self.holder.stdout.close()
+
+
+class SlurmLauncherTest(unittest.TestCase):
+    def setUp(self):
+        # Outside /tmp: each node's /tmp is its own.
+        self.base = tempfile.mkdtemp(prefix="ckptd-slurm-test-", dir="/var/tmp")
+        os.chmod(self.base, 0o755)
+        self.shared = os.path.join(self.base, "shared")  # the submit directory
+        os.mkdir(self.shared)
+        os.chown(self.shared, UID, UID)
+        self.root = os.path.join(self.shared, "ckpt")
+        self.logs = os.path.join(self.base, "logs")
+        os.mkdir(self.logs)
+        self.nodes = []
+        self.procs = []
+        for i in range(3):
+            self.nodes.append(Node(i, self.base))
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for pipe in (p.stdin, p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+        # Daemons of the uid left by a failure: their namespaces go below.
+        for pid in self.uid_daemons():
+            os.kill(pid, 9)
+        for n in self.nodes:
+            n.close()
+        if os.environ.get("CKPT_KEEP"): print("kept", self.base); return
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def env(self, node, **extra):
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp",
+               "PYTHONPATH": os.environ["PYTHONPATH"],
+               "CKPTD_BINARY": os.environ["CKPTD_BINARY"],
+               "CKPTCTL_BINARY": os.environ["CKPTCTL_BINARY"],
+               "SLURM_JOB_ID": JOB, "SLURM_NODEID": str(node.index),
+               "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": NODELIST,
+               "SLURM_SUBMIT_DIR": self.shared, "CKPTD_SLURM_ROOT": self.root}
+        # A sanitized build's (tests/python/run_sanitized.sh): the trainers
+        # load instrumented modules, the binaries are wrappers that read these.
+        for name in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS",
+                     "CKPT_BINARY_ASAN_OPTIONS"):
+            if name in os.environ:
+                env[name] = os.environ[name]
+        env.update(extra)
+        return env
+
+    def run_on(self, node, *cmd, timeout=60, **extra):
+        return subprocess.run(node.argv(self.env(node, **extra), *cmd), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def start_daemon(self, node):
+        log = open(os.path.join(self.logs, f"{node.name}.log"), "w")
+        p = subprocess.Popen(node.argv(self.env(node), LAUNCHER, "run", "--",
+                                       "--pool_bytes", str(16 << 20), "--buffer_bytes",
+                                       str(2 << 20), "--io_workers", "2", "--gpu", "off",
+                                       "--write_rate_limit", str(RATE)),
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def log_of(self, node):
+        with open(os.path.join(self.logs, f"{node.name}.log")) as f:
+            return f.read()
+
+    def run_dir(self, node):
+        return os.path.join(node.tmp, f"ckptd-slurm-{UID}-{JOB}")
+
+    def uid_daemons(self):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    comm = f.read().strip()
+                if comm == "ckptd" and os.stat(f"/proc/{entry}").st_uid == UID:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+        return pids
+
+    def test_three_nodes(self):
+        n1, n2, n3 = self.nodes
+        self.assertEqual(subprocess.run([LAUNCHER, "hostlist", "gpu[01-02,10],login,r[1-2]n[8-9]"],
+                                        capture_output=True, text=True, check=True).stdout.split(),
+                         ["gpu01", "gpu02", "gpu10", "login", "r1n8", "r1n9", "r2n8", "r2n9"])
+
+        # Refusals before anything starts: a multi-node job without a shared
+        # root; a run directory in /tmp that is not the user's own.
+        r = self.run_on(n1, LAUNCHER, "run", CKPTD_SLURM_ROOT="")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("needs CKPTD_SLURM_ROOT", r.stderr)
+        squatted = os.path.join(n1.tmp, f"ckptd-slurm-{UID}-77")
+        os.mkdir(squatted, 0o755)
+        r = self.run_on(n1, LAUNCHER, "run", SLURM_JOB_ID="77")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("refusing to use it", r.stderr)
+        self.assertEqual(os.listdir(squatted), [])  # and left alone
+
+        run1, run2 = self.start_daemon(n1), self.start_daemon(n2)
+
+        # node03 never started: the wait ends at its deadline, naming it.
+        t = time.monotonic()
+        r = self.run_on(n1, LAUNCHER, "wait", "--timeout", "3")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertGreaterEqual(time.monotonic() - t, 3)
+        self.assertIn("1 of 3 nodes' daemons have not answered: node03 (node 2)", r.stderr)
+
+        # node03 late: node02's wait returns only once its daemon answers.
+        waiter = subprocess.Popen(n2.argv(self.env(n2), LAUNCHER, "wait", "--timeout", "40"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(waiter)
+        time.sleep(1.5)
+        self.assertIsNone(waiter.poll(), "wait returned with node03's daemon not started")
+        run3 = self.start_daemon(n3)
+        out, err = waiter.communicate(timeout=45)
+        self.assertEqual(waiter.returncode, 0, err)
+        self.assertIn("all 3 nodes' daemons answer", out)
+        self.assertIn("node 2 (node03): ckptd", self.log_of(n3))
+        self.assertIn("answers at", self.log_of(n3))
+
+        # One daemon per node, each in its node's network namespace, as the uid.
+        netns = set()
+        for n in self.nodes:
+            with open(os.path.join(self.run_dir(n), "ckptd.pid")) as f:
+                pid = int(f.read())
+            self.assertEqual(os.stat(f"/proc/{pid}").st_uid, UID)
+            netns.add(os.readlink(f"/proc/{pid}/ns/net"))
+            st = os.stat(self.run_dir(n))
+            self.assertEqual((st.st_uid, st.st_mode & 0o777), (UID, 0o700))
+        self.assertEqual(len(netns), 3)
+        self.assertNotIn(os.readlink("/proc/self/ns/net"), netns)
+
+        r = self.run_on(n2, LAUNCHER, "env")
+        self.assertEqual(r.stdout.strip(),
+                         f"export CKPTD_SOCKET=/tmp/ckptd-slurm-{UID}-{JOB}/ckptd.sock")
+
+        # A trainer per node, with nothing but Slurm's variables.
+        trainers = [subprocess.Popen(n.argv(self.env(n), sys.executable, "-c", TRAINER),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for n in self.nodes]
+        self.procs += trainers
+        for n, t in zip(self.nodes, trainers):
+            line = t.stdout.readline()
+            if line.strip() != "staged":
+                t.kill()
+                self.fail(f"{n.name}'s trainer: {line!r} {t.stderr.read()}")
+        job_dir = os.path.join(self.root, "slurm-job")
+        self.assertTrue(os.path.exists(os.path.join(job_dir, "step-1", "COMMIT")))
+        self.assertFalse(os.path.exists(os.path.join(job_dir, "step-2", "COMMIT")),
+                         "step-2 committed before the stop: nothing left to drain")
+
+        # Stop every node at once, step-2 still being written: it drains.
+        stops = [subprocess.Popen(n.argv(self.env(n), LAUNCHER, "stop"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for n in self.nodes]
+        self.procs += stops
+        for n, s in zip(self.nodes, stops):
+            out, err = s.communicate(timeout=50)
+            self.assertEqual(s.returncode, 0, err)
+            self.assertIn(f"node {n.index} ({n.name}): ckptd (pid", out)
+            self.assertIn("drained and exited", out)
+        for t in trainers:
+            t.stdin.close()
+            t.wait(timeout=30)
+            self.assertEqual(t.returncode, 0, t.stderr.read())
+        for n, p in zip(self.nodes, (run1, run2, run3)):
+            self.assertEqual(p.wait(timeout=30), 0, self.log_of(n))
+            log = self.log_of(n)
+            self.assertIn("drain: refusing new saves", log)
+            self.assertIn("ended while draining: slurm-job/step-2", log)
+            self.assertIn("ckptd exited with status 0", log)
+        self.assertTrue(os.path.exists(os.path.join(job_dir, "step-2", "COMMIT")))
+        self.assertEqual(self.uid_daemons(), [])
+
+        # The launcher's files are gone; the daemon's lock file stays.
+        for n in self.nodes:
+            self.assertEqual(os.listdir(self.run_dir(n)), ["ckptd.sock.lock"])
+        self.assertEqual(os.listdir(self.shared), ["ckpt"])  # the barrier too
+        # Everything written belongs to the uid.
+        for top, dirs, files in os.walk(self.root):
+            for name in [top] + [os.path.join(top, f) for f in dirs + files]:
+                self.assertEqual(os.lstat(name).st_uid, UID, name)
+
+        # A stop with no daemon says so and succeeds.
+        r = self.run_on(n1, LAUNCHER, "stop")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("nothing to stop", r.stdout)
+
+
+class DefaultSocketTest(unittest.TestCase):
+    """ckptd.default_socket(): $CKPTD_SOCKET, then the Slurm job's, then
+    the system daemon's."""
+
+    def test_order(self):
+        import ckptd
+        job = "987654321"
+        run_dir = f"/tmp/ckptd-slurm-{os.getuid()}-{job}"
+        saved = {k: os.environ.pop(k, None) for k in ("CKPTD_SOCKET", "SLURM_JOB_ID")}
+        try:
+            self.assertEqual(ckptd.default_socket(), ckptd.DEFAULT_SOCKET)
+            os.environ["SLURM_JOB_ID"] = job
+            # A job without a per-job daemon keeps the node's system one.
+            self.assertEqual(ckptd.default_socket(), ckptd.DEFAULT_SOCKET)
+            os.mkdir(run_dir, 0o700)
+            open(os.path.join(run_dir, "ckptd.sock"), "w").close()
+            self.assertEqual(ckptd.default_socket(), os.path.join(run_dir, "ckptd.sock"))
+            os.environ["CKPTD_SOCKET"] = "/elsewhere.sock"
+            self.assertEqual(ckptd.default_socket(), "/elsewhere.sock")
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            for k, v in saved.items():
+                os.environ.pop(k, None)
+                if v is not None:
+                    os.environ[k] = v
+
+
+if __name__ == "__main__":
+    why = prerequisites()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(SKIP)
+    unittest.main()
