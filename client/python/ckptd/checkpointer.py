@@ -82,6 +82,7 @@ import os
 import pickle
 import re
 import warnings
+from collections.abc import MutableMapping
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -609,6 +610,14 @@ class Checkpointer:
         resolved = stateful_mod.ResolvedState(state_dict)
         name = self._load_resolved(resolved.state_dict, checkpoint_id, allow_missing)
         resolved.finish_load()
+        # As DCP's load does: each top-level entry that is not a Stateful is
+        # set again, to its loaded value (a dict subclass sees the
+        # replacement; PyTorch's test_stateful_and_non_stateful_loads).
+        if isinstance(state_dict, MutableMapping):
+            for k in list(state_dict.keys()):
+                v = state_dict[k]
+                if not stateful_mod.is_stateful(v):
+                    state_dict[k] = v
         return name
 
     def _load_resolved(self, state_dict, checkpoint_id: str, allow_missing: bool) -> str:

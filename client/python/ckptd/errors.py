@@ -127,8 +127,13 @@ def state_mismatch(message):
         return None
     stored = (TORCH_BY_SAFETENSORS.get(m["have_dtype"], m["have_dtype"]), _shape(m["have"]))
     found = (TORCH_BY_SAFETENSORS.get(m["want_dtype"], m["want_dtype"]), _shape(m["want"]))
+    # A shape that differs is worded first as DCP's planner words it
+    # ("Size mismatch between saved ... and current: ... for FQN"), which
+    # users' code and PyTorch's tests match on.
+    size = (f"Size mismatch between saved {stored[1]} and current: {found[1]} "
+            f"for {m['fqn']}; " if stored[1] != found[1] else "")
     return StateMismatch(
-        f"state mismatch at {m['fqn']!r}: the checkpoint stores {stored[0]} "
+        f"{size}state mismatch at {m['fqn']!r}: the checkpoint stores {stored[0]} "
         f"{stored[1]}, the state dict has {found[0]} {found[1]} ({message})",
         fqn=m["fqn"], stored=stored, found=found)
 

@@ -70,8 +70,15 @@ class ResolvedState:
         if isinstance(value, Mapping):
             keys = list(value.keys())
             copy = {}
+            # Objects are resolved, and later loaded, in the keys' sorted
+            # order, as DCP's load does: ranks whose dicts list the keys in
+            # other orders then call load_state_dict() (which may run
+            # collectives) in one order, not into a deadlock (PyTorch's
+            # test_different_ordered_state_dict_keys). The copy keeps the
+            # user's order.
+            resolved = {k: self._resolve(value[k], (copy, k)) for k in _in_order(keys)}
             for k in keys:
-                copy[k] = self._resolve(value[k], (copy, k))
+                copy[k] = resolved[k]
             return self._copied_or_same(value, copy, keys)
         if isinstance(value, list) and _walked(value):
             copy = [None] * len(value)
@@ -102,6 +109,14 @@ class ResolvedState:
                 # the restored object back where its state_dict() had it.
                 container, key = slot
                 container[key] = obj
+
+
+def _in_order(keys: list) -> list:
+    """`keys` sorted, where they sort (str keys do); else as given."""
+    try:
+        return sorted(keys)
+    except TypeError:
+        return keys
 
 
 def _walked(value: list) -> bool:
