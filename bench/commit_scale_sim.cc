@@ -69,6 +69,19 @@ class VirtualTimeStore : public ObjectStore {
     Tick();
     return inner_.Delete(key);
   }
+  // `parallelism` reads at a time, each a HEAD and a GET: the batch takes
+  // that many rounds of two requests.
+  std::vector<absl::StatusOr<std::string>> GetSmallObjects(absl::Span<const std::string> keys,
+                                                           size_t max_bytes,
+                                                           int parallelism) override {
+    const size_t at_once = static_cast<size_t>(std::max(parallelism, 1));
+    cursor_ += latency_ * static_cast<double>(2 * ((keys.size() + at_once - 1) / at_once));
+    std::vector<absl::StatusOr<std::string>> results;
+    for (const std::string& key : keys) {
+      results.push_back(GetSmallObject(inner_, key, max_bytes));
+    }
+    return results;
+  }
   absl::StatusOr<int> AbortUnfinished(absl::string_view prefix,
                                       absl::Time started_before) override {
     Tick();

@@ -156,7 +156,25 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
 absl::StatusOr<bool> CommitProtocol::TryCommit(const std::string& job,
                                                const std::string& checkpoint,
                                                uint32_t nodes) const {
-  if (store_->IsCommitted(job, checkpoint)) return true;
+  if (store_->IsCommitted(job, checkpoint)) {
+    // Another node committed it and moves LATEST only after COMMIT: a
+    // trainer on this node told "committed" that loads "latest" at once
+    // would still find the checkpoint before it. So this node moves LATEST
+    // forward too (the same bytes), unless it already names this one (the
+    // cheap check, enough once the committer got there first).
+    absl::StatusOr<std::string> latest = store_->ResolveLatest(job);
+    if (!latest.ok() || *latest != checkpoint) {
+      absl::Status moved = [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(v1::CommitRecord record, store_->ReadCommit(job, checkpoint));
+        return store_->UpdateLatest(job, checkpoint, record.committed_unix_micros(), ops_);
+      }();
+      if (!moved.ok()) {
+        LogError("checkpoint ", job, "/", checkpoint,
+                 " committed by another node; LATEST not updated here: ", moved.ToString());
+      }
+    }
+    return true;
+  }
   ASSIGN_OR_RETURN(std::vector<uint32_t> present,
                    store_->ListNodeManifests(job, checkpoint));
   std::set<uint32_t> ids(present.begin(), present.end());

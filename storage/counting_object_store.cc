@@ -48,6 +48,15 @@ absl::Status CountingObjectStore::Delete(absl::string_view key) {
   return inner_.Delete(key);
 }
 
+std::vector<absl::StatusOr<std::string>> CountingObjectStore::GetSmallObjects(
+    absl::Span<const std::string> keys, size_t max_bytes, int parallelism) {
+  for (const std::string& key : keys) {
+    Count(ObjectRequest::kHead, key);
+    Count(ObjectRequest::kGet, key);
+  }
+  return inner_.GetSmallObjects(keys, max_bytes, parallelism);
+}
+
 absl::StatusOr<int> CountingObjectStore::AbortUnfinished(absl::string_view prefix,
                                                          absl::Time started_before) {
   // A listing of the unfinished writes, then one request per abort: counted

@@ -1,5 +1,8 @@
 #include "storage/object_store.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -52,6 +55,30 @@ absl::StatusOr<std::string> GetSmallObject(ObjectStore& store, absl::string_view
   if (!read.ok()) return read.status();
   bytes.resize(*read);
   return bytes;
+}
+
+std::vector<absl::StatusOr<std::string>> ObjectStore::GetSmallObjects(
+    absl::Span<const std::string> keys, size_t max_bytes, int parallelism) {
+  std::vector<absl::StatusOr<std::string>> results(
+      keys.size(), absl::StatusOr<std::string>(absl::UnknownError("not read")));
+  std::atomic<size_t> next{0};
+  auto read = [&] {
+    for (size_t i = next++; i < keys.size(); i = next++) {
+      results[i] = GetSmallObject(*this, keys[i], max_bytes);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(keys.size(), static_cast<size_t>(std::max(parallelism, 1)));
+  if (threads <= 1) {
+    read();
+    return results;
+  }
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  for (size_t t = 1; t < threads; ++t) workers.emplace_back(read);
+  read();
+  for (std::thread& worker : workers) worker.join();
+  return results;
 }
 
 }  // namespace ckpt

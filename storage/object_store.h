@@ -93,6 +93,13 @@ class ObjectStore {
   // Removes the object; OK if there is none.
   virtual absl::Status Delete(absl::string_view key) = 0;
 
+  // Reads several whole small objects (as GetSmallObject below), up to
+  // `parallelism` at a time, since each is a round trip to a server; one
+  // result per key, in order. The default runs them on threads of its own;
+  // a driver may do better (and the scale simulation charges its time).
+  virtual std::vector<absl::StatusOr<std::string>> GetSmallObjects(
+      absl::Span<const std::string> keys, size_t max_bytes, int parallelism);
+
   // Removes what Puts under `prefix` that began before `started_before`
   // left unfinished (a crashed writer's S3 multipart uploads, its
   // temporaries); returns how many. Writers still at work (started later)

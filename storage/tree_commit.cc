@@ -326,19 +326,34 @@ absl::StatusOr<std::vector<uint32_t>> TreeCommitNode::MissingMembers(uint32_t gr
 
 absl::Status TreeCommitNode::WriteGroupRecord(uint32_t group) {
   const uint32_t first = layout_.LeaderOf(group);
+  std::vector<uint32_t> ids;
+  std::vector<std::string> keys;
   for (uint32_t n = first; n < first + layout_.MembersOf(group); ++n) {
     if (n == node_ || fetched_manifests_.contains(n)) continue;
-    const std::string key = layout_.NodeManifestKey(n);
-    ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(store_, key, kMaxFramedFileBytes));
-    ASSIGN_OR_RETURN(v1::Manifest manifest,
-                     ParseNodeManifestFile(bytes, store_.Describe(key)));
-    if (manifest.node_id() != n) {
-      return absl::DataLossError(absl::StrCat(store_.Describe(key), " holds node ",
-                                              manifest.node_id(), "'s manifest, not node ",
-                                              n, "'s"));
-    }
-    fetched_manifests_.emplace(n, std::move(manifest));
+    ids.push_back(n);
+    keys.push_back(layout_.NodeManifestKey(n));
   }
+  std::vector<absl::StatusOr<std::string>> read =
+      store_.GetSmallObjects(keys, kMaxFramedFileBytes, options_.read_parallelism);
+  // Every manifest read is kept, so that a retry reads only the rest; the
+  // first failure comes back once they are.
+  absl::Status first_failure;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    absl::Status parsed = [&]() -> absl::Status {
+      RETURN_IF_ERROR(read[i].status());
+      ASSIGN_OR_RETURN(v1::Manifest manifest,
+                       ParseNodeManifestFile(*read[i], store_.Describe(keys[i])));
+      if (manifest.node_id() != ids[i]) {
+        return absl::DataLossError(absl::StrCat(store_.Describe(keys[i]), " holds node ",
+                                                manifest.node_id(), "'s manifest, not node ",
+                                                ids[i], "'s"));
+      }
+      fetched_manifests_.emplace(ids[i], std::move(manifest));
+      return absl::OkStatus();
+    }();
+    if (first_failure.ok()) first_failure = parsed;
+  }
+  RETURN_IF_ERROR(first_failure);
   v1::ManifestGroup record;
   record.set_format_version(1);
   record.set_group(group);
@@ -367,32 +382,46 @@ absl::StatusOr<std::vector<uint32_t>> TreeCommitNode::MissingGroups() {
 }
 
 absl::Status TreeCommitNode::WriteCommit() {
+  std::vector<uint32_t> groups;
+  std::vector<std::string> keys;
   for (uint32_t g = 0; g < layout_.groups(); ++g) {
     if (fetched_groups_.contains(g)) continue;
-    const std::string key = layout_.GroupRecordKey(g);
-    const std::string what = store_.Describe(key);
-    ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(store_, key, kMaxFramedFileBytes));
-    v1::ManifestGroup record;
-    RETURN_IF_ERROR(ParseFramedMessage(kManifestGroupMagic, bytes, what, &record));
-    const uint32_t first = layout_.LeaderOf(g);
-    if (record.format_version() != 1 || record.group() != g ||
-        record.manifests_size() != static_cast<int>(layout_.MembersOf(g))) {
-      return absl::DataLossError(absl::StrCat(
-          what, ": not group ", g, "'s record of ", layout_.MembersOf(g),
-          " manifests (format ", record.format_version(), ", group ", record.group(),
-          ", ", record.manifests_size(), " manifests)"));
-    }
-    for (int i = 0; i < record.manifests_size(); ++i) {
-      const v1::Manifest& manifest = record.manifests(i);
-      RETURN_IF_ERROR(ValidateManifest(manifest, what));
-      if (manifest.node_id() != first + static_cast<uint32_t>(i)) {
-        return absl::DataLossError(absl::StrCat(what, ": manifest ", i, " is node ",
-                                                manifest.node_id(), "'s, not node ",
-                                                first + i, "'s"));
-      }
-    }
-    fetched_groups_.emplace(g, std::move(record));
+    groups.push_back(g);
+    keys.push_back(layout_.GroupRecordKey(g));
   }
+  std::vector<absl::StatusOr<std::string>> read =
+      store_.GetSmallObjects(keys, kMaxFramedFileBytes, options_.read_parallelism);
+  absl::Status first_failure;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    absl::Status parsed = [&]() -> absl::Status {
+      RETURN_IF_ERROR(read[i].status());
+      const uint32_t g = groups[i];
+      const std::string what = store_.Describe(keys[i]);
+      v1::ManifestGroup record;
+      RETURN_IF_ERROR(ParseFramedMessage(kManifestGroupMagic, *read[i], what, &record));
+      const uint32_t first = layout_.LeaderOf(g);
+      if (record.format_version() != 1 || record.group() != g ||
+          record.manifests_size() != static_cast<int>(layout_.MembersOf(g))) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": not group ", g, "'s record of ", layout_.MembersOf(g),
+            " manifests (format ", record.format_version(), ", group ", record.group(),
+            ", ", record.manifests_size(), " manifests)"));
+      }
+      for (int m = 0; m < record.manifests_size(); ++m) {
+        const v1::Manifest& manifest = record.manifests(m);
+        RETURN_IF_ERROR(ValidateManifest(manifest, what));
+        if (manifest.node_id() != first + static_cast<uint32_t>(m)) {
+          return absl::DataLossError(absl::StrCat(what, ": manifest ", m, " is node ",
+                                                  manifest.node_id(), "'s, not node ",
+                                                  first + m, "'s"));
+        }
+      }
+      fetched_groups_.emplace(g, std::move(record));
+      return absl::OkStatus();
+    }();
+    if (first_failure.ok()) first_failure = parsed;
+  }
+  RETURN_IF_ERROR(first_failure);
   std::vector<v1::Manifest> manifests;
   manifests.reserve(layout_.nodes());
   for (const auto& [g, record] : fetched_groups_) {

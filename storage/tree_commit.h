@@ -79,6 +79,8 @@ struct TreeCommitOptions {
   absl::Duration poll_interval = absl::Milliseconds(400);
   absl::Duration fallback_interval = absl::Seconds(10);
   absl::Duration timeout = absl::Minutes(30);
+  // Manifests and group records read at once by a gather.
+  int read_parallelism = 32;
 };
 
 // The keys of one checkpoint's commit, below its prefix ("job/step-100/").

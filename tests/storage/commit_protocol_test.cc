@@ -407,3 +407,32 @@ TEST_CASE("Two committers of the same checkpoint write the same COMMIT bytes",
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+TEST_CASE("A node that finds its checkpoint committed by another moves LATEST before it "
+          "reports the commit (the committer may not have yet)",
+          "[commit_protocol]") {
+  StoreFixture f;
+  REQUIRE(f.store.PrepareForSave(kJob, kCheckpoint, 0).ok());
+  REQUIRE(f.store.PrepareForSave(kJob, kCheckpoint, 1).ok());
+  const v1::Manifest m0 = NodeManifest(0, 1000);
+  const v1::Manifest m1 = NodeManifest(1, 3000);
+  REQUIRE(f.store.WriteNodeManifest(m0).ok());
+  REQUIRE(f.store.WriteNodeManifest(m1).ok());
+  // The committer wrote COMMIT and stopped there (LATEST still to come).
+  absl::StatusOr<v1::CommitRecord> record = MergeNodeManifests({m0, m1});
+  REQUIRE(record.ok());
+  REQUIRE(f.store.WriteCommit(*record).ok());
+  REQUIRE(absl::IsNotFound(f.store.ResolveLatest(kJob).status()));
+
+  CHECK(f.MustTryCommit());
+  const absl::StatusOr<std::string> latest = f.store.ResolveLatest(kJob);
+  INFO(latest.status().ToString());
+  REQUIRE(latest.ok());
+  CHECK(*latest == kCheckpoint);
+}
+
+}  // namespace
+}  // namespace ckpt
