@@ -8,7 +8,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/aligned_buffer.h"
 #include "common/names.h"
+#include "common/status.h"
 
 namespace ckpt {
 
@@ -79,6 +81,36 @@ std::vector<absl::StatusOr<std::string>> ObjectStore::GetSmallObjects(
   read();
   for (std::thread& worker : workers) worker.join();
   return results;
+}
+
+absl::Status ObjectStore::PutFromSource(absl::string_view key, uint64_t size,
+                                        const PartSource& source, size_t part_size) {
+  if (part_size == 0) return absl::InvalidArgumentError("part size 0");
+  AlignedBuffer scratch;
+  if (size <= part_size) {
+    RETURN_IF_ERROR(scratch.Allocate(size));
+    ASSIGN_OR_RETURN(absl::string_view whole, source(0, size, scratch.span()));
+    if (whole.size() != size) {
+      return absl::InternalError(absl::StrCat("the source of ", Describe(key), " gave ",
+                                              whole.size(), " bytes, not ", size));
+    }
+    return Put(key, whole);
+  }
+  RETURN_IF_ERROR(scratch.Allocate(part_size));
+  std::string body;
+  body.reserve(size);
+  for (uint64_t offset = 0; offset < size; offset += part_size) {
+    const size_t length = static_cast<size_t>(std::min<uint64_t>(part_size, size - offset));
+    ASSIGN_OR_RETURN(absl::string_view part,
+                     source(offset, length, scratch.span()));
+    if (part.size() != length) {
+      return absl::InternalError(absl::StrCat("the source of ", Describe(key), " gave ",
+                                              part.size(), " bytes at ", offset, ", not ",
+                                              length));
+    }
+    body.append(part.data(), part.size());
+  }
+  return Put(key, body);
 }
 
 }  // namespace ckpt

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,23 @@ class ObjectStore {
   // Writes the whole object atomically and durably (see above). Large
   // bodies go in parts where the driver has them (S3 multipart).
   virtual absl::Status Put(absl::string_view key, absl::string_view body) = 0;
+
+  // Supplies the bytes [offset, offset + length) of an object being
+  // written: a view of the caller's own memory (a memory-tier image: no
+  // copy), or of `scratch` after filling it (4096-aligned, `length`
+  // rounded up to 4096 bytes at least: room for an O_DIRECT read of a
+  // local file). The view must stay valid until the next call. Called in
+  // offset order, from one thread.
+  using PartSource = std::function<absl::StatusOr<absl::string_view>(
+      uint64_t offset, size_t length, absl::Span<char> scratch)>;
+
+  // Writes an object of `size` bytes taken from `source` in parts of at
+  // most `part_size`, with the atomicity and durability of Put. The
+  // default gathers the parts into one buffer of `size` bytes (or takes
+  // one whole view) and Puts it; drivers for large objects stream them
+  // (S3 multipart, a file written part by part) in bounded memory.
+  virtual absl::Status PutFromSource(absl::string_view key, uint64_t size,
+                                     const PartSource& source, size_t part_size);
 
   // Reads the object, or `range` of it, into `into`; returns the bytes
   // read. NotFound if there is no object; an error if the object (or

@@ -1,0 +1,309 @@
+#include "storage/remote_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace ckpt {
+
+namespace {
+
+constexpr uint64_t kDirectIoBlock = 4096;
+
+std::string CheckpointPrefix(const std::string& job, const std::string& checkpoint) {
+  return absl::StrCat(job, "/", checkpoint, "/");
+}
+
+bool Same(const RemoteProgress& p, const std::string& job, const std::string& checkpoint) {
+  return p.job == job && p.checkpoint == checkpoint;
+}
+
+// Reads `length` bytes at `offset` (a multiple of 4096) of `fd` into
+// `scratch`, asking for whole blocks as O_DIRECT requires.
+absl::Status ReadPart(int fd, uint64_t offset, size_t length, absl::Span<char> scratch,
+                      const std::string& path) {
+  const size_t whole = (length + kDirectIoBlock - 1) / kDirectIoBlock * kDirectIoBlock;
+  if (whole > scratch.size()) {
+    return absl::InternalError(absl::StrCat("part buffer of ", scratch.size(),
+                                            " bytes is too small for ", whole));
+  }
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, scratch.data() + done, whole - done,
+                              static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat("read ", path, " at ", offset + done));
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(path, " ends at ", offset + done,
+                                              ", before the ", offset + length,
+                                              " bytes its manifest lists"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view RemoteStateName(RemoteState state) {
+  switch (state) {
+    case RemoteState::kQueued: return "queued";
+    case RemoteState::kUploading: return "uploading";
+    case RemoteState::kCommitting: return "committing";
+    case RemoteState::kCommitted: return "committed";
+    case RemoteState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+RemoteTier::RemoteTier(RemoteTierOptions options, const CheckpointStore* local,
+                       MemoryTier* images, CheckpointLeases* leases,
+                       std::shared_ptr<ObjectStore> remote)
+    : options_([&] {
+        // Parts start at multiples of part_size: whole blocks for O_DIRECT.
+        options.part_size = std::max<size_t>(
+            options.part_size / kDirectIoBlock * kDirectIoBlock, kDirectIoBlock);
+        return options;
+      }()),
+      local_(local),
+      images_(images),
+      leases_(leases),
+      remote_(std::move(remote)),
+      pacer_(options_.max_bytes_per_second) {
+  absl::MutexLock lock(&join_mu_);
+  thread_ = std::thread([this] { Run(); });
+}
+
+RemoteTier::~RemoteTier() { Stop(); }
+
+void RemoteTier::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    stopping_.store(true);
+  }
+  absl::MutexLock lock(&join_mu_);
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock queue_lock(&mu_);
+  queue_.clear();  // their leases go with them
+}
+
+absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_) {
+    return absl::FailedPreconditionError("the remote tier is stopping");
+  }
+  if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
+    return absl::OkStatus();
+  }
+  for (const auto& queued : queue_) {
+    if (Same(queued->progress, job, checkpoint)) return absl::OkStatus();
+  }
+  if (queue_.size() >= options_.max_queued) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the remote tier has ", queue_.size(), " uploads waiting already (max_queued); ",
+        job, "/", checkpoint, " stays local until a later save or ckptctl retries it"));
+  }
+  auto upload = std::make_unique<Upload>();
+  ASSIGN_OR_RETURN(CheckpointLease lease, leases_->Hold(job, checkpoint));
+  upload->lease.emplace(std::move(lease));
+  upload->progress.job = job;
+  upload->progress.checkpoint = checkpoint;
+  upload->progress.queued_at = absl::Now();
+  upload->progress.ended_at = absl::InfinitePast();
+  queue_.push_back(std::move(upload));
+  return absl::OkStatus();
+}
+
+std::vector<RemoteProgress> RemoteTier::Progress() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<RemoteProgress> all(finished_.begin(), finished_.end());
+  if (running_ != nullptr) all.push_back(running_->progress);
+  for (const auto& queued : queue_) all.push_back(queued->progress);
+  return all;
+}
+
+std::optional<RemoteProgress> RemoteTier::WaitFor(const std::string& job,
+                                                  const std::string& checkpoint,
+                                                  absl::Duration timeout) const {
+  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<RemoteProgress> {
+    for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {
+      if (Same(*it, job, checkpoint)) return *it;
+    }
+    if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
+      return running_->progress;
+    }
+    for (const auto& queued : queue_) {
+      if (Same(queued->progress, job, checkpoint)) return queued->progress;
+    }
+    return std::nullopt;
+  };
+  auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopped_) return true;
+    std::optional<RemoteProgress> p = find();
+    return !p.has_value() || p->state == RemoteState::kCommitted ||
+           p->state == RemoteState::kFailed;
+  };
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+  return find();
+}
+
+void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files) {
+  absl::MutexLock lock(&mu_);
+  upload.progress.state = state;
+  upload.progress.bytes_uploaded = bytes;
+  upload.progress.files_uploaded = files;
+}
+
+void RemoteTier::Run() {
+  while (true) {
+    std::unique_ptr<Upload> upload;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopped_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopped_) return;
+      upload = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = upload.get();
+    }
+    const absl::Status status = UploadAndCommit(*upload);
+    const RemoteProgress& p = upload->progress;
+    if (status.ok()) {
+      LogInfo(LogFields()
+                  .Job(p.job)
+                  .Checkpoint(p.checkpoint)
+                  .Set("node", options_.node_id)
+                  .Set("bytes", p.bytes_total)
+                  .Set("seconds", absl::ToDoubleSeconds(absl::Now() - p.queued_at)),
+              "checkpoint committed in the remote tier");
+    } else {
+      LogError(LogFields().Job(p.job).Checkpoint(p.checkpoint).Set("node", options_.node_id),
+               "remote tier: ", status.ToString(), " (the local copy stays committed)");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      upload->progress.state = status.ok() ? RemoteState::kCommitted : RemoteState::kFailed;
+      if (!status.ok()) upload->progress.error = std::string(status.message());
+      upload->progress.ended_at = absl::Now();
+      finished_.push_back(upload->progress);
+      while (finished_.size() > options_.history) finished_.pop_front();
+      running_ = nullptr;
+    }
+    // The lease goes last: local retention may take the checkpoint now.
+    upload.reset();
+  }
+}
+
+absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
+  const std::string job = upload.progress.job;
+  const std::string checkpoint = upload.progress.checkpoint;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.upload_timeout;
+  ASSIGN_OR_RETURN(v1::Manifest manifest,
+                   local_->ReadNodeManifest(job, checkpoint, options_.node_id));
+  if (manifest.nodes() != options_.nodes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node ", options_.node_id, ": ", job, "/", checkpoint, " was saved by ",
+        manifest.nodes(), " nodes, this daemon runs with ", options_.nodes));
+  }
+  ASSIGN_OR_RETURN(StorageDir dir, local_->OpenCheckpoint(job, checkpoint));
+  uint64_t total = 0;
+  for (const v1::DataFile& file : manifest.files()) total += file.size();
+  {
+    absl::MutexLock lock(&mu_);
+    upload.progress.bytes_total = total;
+    upload.progress.files_total = static_cast<uint32_t>(manifest.files_size());
+    upload.progress.state = RemoteState::kUploading;
+  }
+  for (const v1::DataFile& file : manifest.files()) {
+    RETURN_IF_ERROR(UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload));
+  }
+  Update(upload, RemoteState::kCommitting, upload.progress.bytes_uploaded,
+         upload.progress.files_uploaded);
+
+  TreeCommitOptions commit = options_.commit;
+  commit.timeout = std::min(commit.timeout, deadline - absl::Now());
+  TreeCommitNode node(*remote_, CheckpointPrefix(job, checkpoint), std::move(manifest), commit,
+                      absl::Now());
+  while (std::optional<absl::Time> next = node.Advance(absl::Now())) {
+    while (absl::Now() < *next) {
+      if (stopping_.load()) {
+        return absl::CancelledError(absl::StrCat(
+            "node ", options_.node_id, ": remote commit of ", job, "/", checkpoint,
+            " stopped: the daemon is stopping"));
+      }
+      absl::SleepFor(std::min(*next - absl::Now(), absl::Milliseconds(50)));
+    }
+  }
+  if (!node.last_failure().ok() && node.outcome().ok()) {
+    LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
+               "remote commit: a request failed and was retried: ",
+               node.last_failure().ToString());
+  }
+  return node.outcome();
+}
+
+absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& checkpoint,
+                                    const StorageDir& dir, const std::string& file,
+                                    uint64_t size, absl::Time deadline, Upload& upload) {
+  const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
+  const std::string what =
+      absl::StrCat("node ", options_.node_id, ": upload of ", remote_->Describe(key));
+  std::shared_ptr<const FileImage> image =
+      images_ != nullptr ? images_->Find(job, checkpoint, file, size) : nullptr;
+  UniqueFd fd;
+  const std::string path = dir.PathOf(file);
+  if (image == nullptr) {
+    absl::StatusOr<UniqueFd> opened = dir.OpenFile(file, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (!opened.ok() && absl::IsInvalidArgument(opened.status())) {
+      // A file system without O_DIRECT (tmpfs): read through the cache.
+      opened = dir.OpenFile(file, O_RDONLY | O_CLOEXEC);
+    }
+    if (!opened.ok()) return Annotate(opened.status(), what);
+    fd = *std::move(opened);
+  }
+  const uint64_t uploaded_before = upload.progress.bytes_uploaded;
+  ObjectStore::PartSource source =
+      [&](uint64_t offset, size_t length,
+          absl::Span<char> scratch) -> absl::StatusOr<absl::string_view> {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "not uploaded within ", absl::FormatDuration(options_.upload_timeout), " (at byte ",
+          offset, " of ", size, ")"));
+    }
+    if (!pacer_.Acquire(length, &stopping_) || stopping_.load()) {
+      return absl::CancelledError("the daemon is stopping");
+    }
+    absl::string_view part;
+    if (image != nullptr) {
+      part = absl::string_view(image->data() + offset, length);
+    } else {
+      RETURN_IF_ERROR(ReadPart(fd.get(), offset, length, scratch, path));
+      part = absl::string_view(scratch.data(), length);
+    }
+    Update(upload, RemoteState::kUploading, uploaded_before + offset + length,
+           upload.progress.files_uploaded);
+    return part;
+  };
+  RETURN_IF_ERROR(Annotate(remote_->PutFromSource(key, size, source, options_.part_size), what));
+  Update(upload, RemoteState::kUploading, uploaded_before + size,
+         upload.progress.files_uploaded + 1);
+  return absl::OkStatus();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,150 @@
+// RemoteTier: the second tier of durability. Once this node's part of a
+// checkpoint is committed in the local root, its files are copied to the
+// remote store (an S3 bucket, a shared file system) in the background, off
+// the trainer's path, and the checkpoint is committed there by the tree
+// commit (storage/tree_commit.h) once every node's part is there.
+//
+//   <remote>/<job>/<checkpoint>/<data file>        this node's files, as named
+//                                                  in its node manifest
+//   <remote>/<job>/<checkpoint>/g-.../node-...     manifests, group records,
+//   <remote>/<job>/<checkpoint>/COMMIT             COMMIT: tree_commit.h
+//
+// A file's bytes come from the memory tier's image when it holds one (no
+// copy: the part is sent from the image, pinned once a GPU trainer is
+// connected), else from the local file read with O_DIRECT into one aligned
+// part buffer (no page-cache copy), paced by `max_bytes_per_second`. The
+// node's manifest is published only after all its files are written, and
+// COMMIT only after every node's manifest: nothing incomplete is ever
+// committed remotely.
+//
+// Each upload holds a lease on the local checkpoint (storage/
+// checkpoint_leases.h), so local retention keeps its files until the
+// remote commit ends, committed or failed. One upload runs at a time, in
+// the order they were queued; each ends within `upload_timeout` (files
+// and commit together; the driver's own deadlines bound each request), and
+// a failure names the node, the object and the server's answer. The local
+// checkpoint stays committed whatever happens here; a later Enqueue (the
+// next save's, or an operator's) retries it.
+//
+// Memory: one part buffer (part_size) and the queue (max_queued entries),
+// plus a bounded history of finished uploads for status.
+// Thread-safety: all public methods may be called from any thread; the
+// uploads run on the tier's own thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/byte_rate_limiter.h"
+#include "storage/checkpoint_leases.h"
+#include "storage/checkpoint_store.h"
+#include "storage/memory_tier.h"
+#include "storage/object_store.h"
+#include "storage/tree_commit.h"
+
+namespace ckpt {
+
+struct RemoteTierOptions {
+  uint32_t node_id = 0;
+  uint32_t nodes = 1;
+  uint64_t max_bytes_per_second = 0;  // 0: uncapped
+  size_t part_size = 64ull << 20;
+  TreeCommitOptions commit;
+  // One checkpoint's upload and remote commit together.
+  absl::Duration upload_timeout = absl::Minutes(30);
+  size_t max_queued = 16;
+  size_t history = 64;  // finished uploads kept for status
+};
+
+enum class RemoteState { kQueued, kUploading, kCommitting, kCommitted, kFailed };
+absl::string_view RemoteStateName(RemoteState state);
+
+struct RemoteProgress {
+  std::string job;
+  std::string checkpoint;
+  RemoteState state = RemoteState::kQueued;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_uploaded = 0;
+  uint32_t files_total = 0;
+  uint32_t files_uploaded = 0;
+  std::string error;  // for kFailed: node, object, server's answer
+  absl::Time queued_at;
+  absl::Time ended_at;  // InfinitePast until it ends
+};
+
+class RemoteTier {
+ public:
+  // The store, memory tier (null: none) and leases must outlive the tier;
+  // `remote` is shared (the tests' nodes share one). Starts its thread.
+  RemoteTier(RemoteTierOptions options, const CheckpointStore* local, MemoryTier* images,
+             CheckpointLeases* leases, std::shared_ptr<ObjectStore> remote);
+  ~RemoteTier();
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  // Queues the upload of this node's part of a checkpoint committed in the
+  // local root, and leases it there until the upload ends. OK if it is
+  // queued or uploading already; ResourceExhausted if max_queued wait;
+  // NotFound if the local checkpoint is being deleted.
+  absl::Status Enqueue(const std::string& job, const std::string& checkpoint);
+
+  // Uploads waiting or running, then the recent finished ones, newest last.
+  std::vector<RemoteProgress> Progress() const;
+
+  // Waits until the checkpoint's upload has ended (committed or failed) or
+  // `timeout` passed; its progress then, nullopt if it was never queued.
+  std::optional<RemoteProgress> WaitFor(const std::string& job, const std::string& checkpoint,
+                                        absl::Duration timeout) const;
+
+  // Stops the thread: the running upload ends at its next part or poll
+  // (failed: "daemon stopping"), queued ones are dropped. Idempotent.
+  void Stop();
+
+  ObjectStore& remote() const { return *remote_; }
+
+ private:
+  struct Upload {
+    RemoteProgress progress;
+    std::optional<CheckpointLease> lease;
+  };
+
+  void Run();
+  // Uploads the files and runs the remote commit of `upload` (on the tier's
+  // thread, without the lock).
+  absl::Status UploadAndCommit(Upload& upload);
+  absl::Status UploadFile(const std::string& job, const std::string& checkpoint,
+                          const StorageDir& dir, const std::string& file, uint64_t size,
+                          absl::Time deadline, Upload& upload);
+  // Records progress under the lock.
+  void Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files);
+
+  const RemoteTierOptions options_;
+  const CheckpointStore* const local_;
+  MemoryTier* const images_;
+  CheckpointLeases* const leases_;
+  const std::shared_ptr<ObjectStore> remote_;
+  ByteRateLimiter pacer_;
+  std::atomic<bool> stopping_{false};
+
+  mutable absl::Mutex mu_;
+  std::deque<std::unique_ptr<Upload>> queue_ ABSL_GUARDED_BY(mu_);
+  // The upload running on the thread (not in queue_), null when idle.
+  Upload* running_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::deque<RemoteProgress> finished_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex join_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+};
+
+}  // namespace ckpt
