@@ -107,6 +107,15 @@ class ObjectStore {
 // ("job/step-1"), checked by the same rule.
 absl::Status ValidateObjectKey(absl::string_view key, bool prefix_only = false);
 
+// For drivers: which bytes Get(key, into, range) reads from an object of
+// `object_size` bytes, by Get's rules (`name` names it in errors): the
+// whole object when `range` is absent (length 0 only for an empty
+// object); OutOfRange if the range ends past the object; InvalidArgument
+// for an empty range or bytes that do not fit `into_size`.
+absl::StatusOr<ObjectRange> PlanObjectRead(uint64_t object_size, size_t into_size,
+                                           std::optional<ObjectRange> range,
+                                           absl::string_view name);
+
 // Reads a whole small object (a manifest, COMMIT) into a string; an object
 // larger than `max_bytes` is refused (InvalidArgument) without reading it.
 absl::StatusOr<std::string> GetSmallObject(ObjectStore& store, absl::string_view key,
