@@ -87,6 +87,9 @@ class ObjectStore {
   // S3's: "job/step-1" also matches "job/step-10/..."). With a delimiter
   // ("/"), keys with the delimiter after the prefix are rolled up into
   // `prefixes` instead. Leftovers of unfinished Puts are never listed.
+  // A rolled-up prefix is a hint, not proof of an object below it: one
+  // server (SeaweedFS) lists a prefix whose last object was just deleted
+  // for a while (docs/ARCHITECTURE.md, "The object store seam").
   virtual absl::StatusOr<ObjectListing> List(absl::string_view prefix,
                                              absl::string_view delimiter = "") = 0;
 
