@@ -155,6 +155,10 @@ absl::StatusOr<PosixObjectStore::Location> PosixObjectStore::Locate(absl::string
     return location;
   }
   location.name = std::string(key.substr(slash + 1));
+  // A directory that exists already is not fsynced into its parent again:
+  // its maker did that right after its mkdir (MakeSubdir). A Put racing
+  // that maker may return before that fsync, a window of one fsync,
+  // accepted rather than an fsync of every component on every Put.
   for (absl::string_view component : absl::StrSplit(key.substr(0, slash), '/')) {
     const StorageDir& parent = DirOf(location);
     absl::StatusOr<StorageDir> next =
