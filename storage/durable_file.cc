@@ -111,6 +111,13 @@ std::optional<TemporaryName> ParseTemporaryName(absl::string_view name) {
 
 absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
                               absl::string_view bytes, FileOps& ops) {
+  return WriteFileDurablyFrom(
+      dir, name,
+      [&](int fd, const std::string& path) { return ops.WriteAll(fd, bytes, path); }, ops);
+}
+
+absl::Status WriteFileDurablyFrom(const StorageDir& dir, absl::string_view name,
+                                  const BodyWriter& write_body, FileOps& ops) {
   // The writer's tag and a counter: unique among all writers.
   static std::atomic<uint64_t> counter{0};
   const std::string target(name);
@@ -123,7 +130,7 @@ absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
   // "<name>.tmp_created", ".tmp_written", ".tmp_synced", ".renamed",
   // ".dir_synced", each right after its step.
   CrashPoint(target, "tmp_created");
-  absl::Status status = ops.WriteAll(fd.get(), bytes, tmp_path);
+  absl::Status status = write_body(fd.get(), tmp_path);
   if (status.ok()) CrashPoint(target, "tmp_written");
   if (status.ok()) status = ops.Fsync(fd.get(), tmp_path);
   if (status.ok()) CrashPoint(target, "tmp_synced");

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -68,6 +69,13 @@ FileOps& DefaultFileOps();
 absl::Status WriteFileDurably(const StorageDir& dir, absl::string_view name,
                               absl::string_view bytes,
                               FileOps& ops = DefaultFileOps());
+// The same with the body written by `write_body` into the temporary (open
+// for writing, named `path` in errors), piece by piece: a large object
+// streamed in bounded memory (posix_object_store.h's PutFromSource).
+using BodyWriter = std::function<absl::Status(int fd, const std::string& path)>;
+absl::Status WriteFileDurablyFrom(const StorageDir& dir, absl::string_view name,
+                                  const BodyWriter& write_body,
+                                  FileOps& ops = DefaultFileOps());
 // The same in the directory at `dir` (a trusted path: the root itself or a
 // test's directory; opened like StorageDir::OpenRoot).
 absl::Status WriteFileDurably(const std::string& dir, absl::string_view name,

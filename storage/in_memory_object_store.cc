@@ -10,26 +10,10 @@ namespace ckpt {
 absl::StatusOr<size_t> CopyObjectRange(absl::string_view object, absl::Span<char> into,
                                        std::optional<ObjectRange> range,
                                        absl::string_view name) {
-  uint64_t offset = 0;
-  uint64_t length = object.size();
-  if (range.has_value()) {
-    if (range->length == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("empty range of ", name));
-    }
-    if (range->offset > object.size() || object.size() - range->offset < range->length) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "range [", range->offset, ", +", range->length, ") of ", name,
-          " ends past its ", object.size(), " bytes"));
-    }
-    offset = range->offset;
-    length = range->length;
-  }
-  if (length > into.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": ", length, " bytes do not fit the ", into.size(), " given"));
-  }
-  if (length > 0) std::memcpy(into.data(), object.data() + offset, length);
-  return static_cast<size_t>(length);
+  absl::StatusOr<ObjectRange> read = PlanObjectRead(object.size(), into.size(), range, name);
+  if (!read.ok()) return read.status();
+  if (read->length > 0) std::memcpy(into.data(), object.data() + read->offset, read->length);
+  return static_cast<size_t>(read->length);
 }
 
 std::string InMemoryObjectStore::Describe(absl::string_view key) const {

@@ -40,6 +40,28 @@ absl::Status ValidateObjectKey(absl::string_view key, bool prefix_only) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ObjectRange> PlanObjectRead(uint64_t object_size, size_t into_size,
+                                           std::optional<ObjectRange> range,
+                                           absl::string_view name) {
+  ObjectRange read{0, object_size};
+  if (range.has_value()) {
+    if (range->length == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("empty range of ", name));
+    }
+    if (range->offset > object_size || object_size - range->offset < range->length) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "range [", range->offset, ", +", range->length, ") of ", name,
+          " ends past its ", object_size, " bytes"));
+    }
+    read = *range;
+  }
+  if (read.length > into_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": ", read.length, " bytes do not fit the ", into_size, " given"));
+  }
+  return read;
+}
+
 absl::StatusOr<std::string> GetSmallObject(ObjectStore& store, absl::string_view key,
                                            size_t max_bytes) {
   absl::StatusOr<ObjectInfo> info = store.Head(key);

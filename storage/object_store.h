@@ -76,11 +76,11 @@ class ObjectStore {
   virtual absl::Status Put(absl::string_view key, absl::string_view body) = 0;
 
   // Supplies the bytes [offset, offset + length) of an object being
-  // written: a view of the caller's own memory (a memory-tier image: no
-  // copy), or of `scratch` after filling it (4096-aligned, `length`
-  // rounded up to 4096 bytes at least: room for an O_DIRECT read of a
-  // local file). The view must stay valid until the next call. Called in
-  // offset order, from one thread.
+  // written: a view of the caller's own memory that stays valid until the
+  // put returns (a memory-tier image: no copy), or of `scratch` after
+  // filling it (4096-aligned, `length` rounded up to 4096 bytes at least:
+  // room for an O_DIRECT read of a local file; the driver gives each part
+  // in flight its own). Called one call at a time, in offset order.
   using PartSource = std::function<absl::StatusOr<absl::string_view>(
       uint64_t offset, size_t length, absl::Span<char> scratch)>;
 
@@ -105,6 +105,9 @@ class ObjectStore {
   // S3's: "job/step-1" also matches "job/step-10/..."). With a delimiter
   // ("/"), keys with the delimiter after the prefix are rolled up into
   // `prefixes` instead. Leftovers of unfinished Puts are never listed.
+  // A rolled-up prefix is a hint, not proof of an object below it: one
+  // server (SeaweedFS) lists a prefix whose last object was just deleted
+  // for a while (docs/ARCHITECTURE.md, "The object store seam").
   virtual absl::StatusOr<ObjectListing> List(absl::string_view prefix,
                                              absl::string_view delimiter = "") = 0;
 
@@ -131,6 +134,15 @@ class ObjectStore {
 // key ending in '/'; a prefix's last component may be a part of one
 // ("job/step-1"), checked by the same rule.
 absl::Status ValidateObjectKey(absl::string_view key, bool prefix_only = false);
+
+// For drivers: which bytes Get(key, into, range) reads from an object of
+// `object_size` bytes, by Get's rules (`name` names it in errors): the
+// whole object when `range` is absent (length 0 only for an empty
+// object); OutOfRange if the range ends past the object; InvalidArgument
+// for an empty range or bytes that do not fit `into_size`.
+absl::StatusOr<ObjectRange> PlanObjectRead(uint64_t object_size, size_t into_size,
+                                           std::optional<ObjectRange> range,
+                                           absl::string_view name);
 
 // Reads a whole small object (a manifest, COMMIT) into a string; an object
 // larger than `max_bytes` is refused (InvalidArgument) without reading it.

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/aligned_buffer.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -57,24 +58,63 @@ class FirstError {
 absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_view bucket,
                                                 absl::string_view key, absl::string_view data,
                                                 const MultipartOptions& options) {
-  // An empty buffer is still one (empty) part: S3 needs at least one.
+  return UploadMultipartFrom(
+      client, bucket, key, data.size(),
+      [data](int, uint64_t offset, size_t length,
+             absl::Span<char>) -> absl::StatusOr<absl::string_view> {
+        return data.substr(offset, length);
+      },
+      /*scratch_needed=*/false, options);
+}
+
+absl::StatusOr<MultipartResult> UploadMultipartFrom(S3Client& client,
+                                                    absl::string_view bucket,
+                                                    absl::string_view key, uint64_t size,
+                                                    const PartProvider& provider,
+                                                    bool scratch_needed,
+                                                    const MultipartOptions& options) {
+  // An empty object is still one (empty) part: S3 needs at least one.
   const int parts = std::max<int>(
-      1, static_cast<int>((data.size() + options.part_size - 1) / options.part_size));
-  RETURN_IF_ERROR(CheckOptions(options, data.size(), parts));
+      1, static_cast<int>((size + options.part_size - 1) / options.part_size));
+  RETURN_IF_ERROR(CheckOptions(options, size, parts));
   ASSIGN_OR_RETURN(const std::string upload_id, client.CreateMultipartUpload(bucket, key));
 
   std::vector<CompletedPart> completed(static_cast<size_t>(parts));
-  std::atomic<int> next_part{0};
+  // The provider is called in part order, one call at a time: the part
+  // index is taken and its bytes asked for under this lock.
+  absl::Mutex provider_mu;
+  int next_part = 0;
   FirstError first_error;
   auto upload_parts = [&] {
+    AlignedBuffer scratch;
+    if (scratch_needed) {
+      if (absl::Status allocated = scratch.Allocate(options.part_size); !allocated.ok()) {
+        first_error.Set(allocated);
+        return;
+      }
+    }
     while (!first_error.failed()) {
-      const int index = next_part.fetch_add(1, std::memory_order_relaxed);
-      if (index >= parts) return;
-      const size_t offset = static_cast<size_t>(index) * options.part_size;
-      const absl::string_view body =
-          data.substr(offset, std::min(options.part_size, data.size() - offset));
+      int index = 0;
+      absl::StatusOr<absl::string_view> body;
+      {
+        absl::MutexLock lock(&provider_mu);
+        index = next_part++;
+        if (index >= parts || first_error.failed()) return;
+        const uint64_t offset = static_cast<uint64_t>(index) * options.part_size;
+        const size_t length =
+            static_cast<size_t>(std::min<uint64_t>(options.part_size, size - offset));
+        body = provider(index, offset, length, scratch.span());
+        if (body.ok() && body->size() != length) {
+          body = absl::InternalError(absl::StrCat("part ", index + 1, " of ", key, " has ",
+                                                  body->size(), " bytes, not ", length));
+        }
+      }
+      if (!body.ok()) {
+        first_error.Set(body.status());
+        return;
+      }
       absl::StatusOr<std::string> etag =
-          client.UploadPart(bucket, key, upload_id, index + 1, body);
+          client.UploadPart(bucket, key, upload_id, index + 1, *body);
       if (!etag.ok()) {
         first_error.Set(etag.status());
         return;

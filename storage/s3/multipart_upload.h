@@ -20,12 +20,15 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "storage/s3/s3_client.h"
 
 namespace ckpt::s3 {
@@ -49,6 +52,23 @@ struct MultipartResult {
 absl::StatusOr<MultipartResult> UploadMultipart(S3Client& client, absl::string_view bucket,
                                                 absl::string_view key, absl::string_view data,
                                                 const MultipartOptions& options);
+
+// The bytes of part `index` (0-based): [offset, offset + length) of the
+// object, as a view of memory that stays valid until the upload returns,
+// or of `scratch` (part_size bytes, 4096-aligned, the calling thread's own)
+// after filling it. Called in part order, one call at a time.
+using PartProvider = std::function<absl::StatusOr<absl::string_view>(
+    int index, uint64_t offset, size_t length, absl::Span<char> scratch)>;
+
+// The same for an object of `size` bytes whose parts come from `provider`
+// (a file read part by part: memory is parts_in_flight part buffers, each
+// allocated only when `scratch_needed`).
+absl::StatusOr<MultipartResult> UploadMultipartFrom(S3Client& client,
+                                                    absl::string_view bucket,
+                                                    absl::string_view key, uint64_t size,
+                                                    const PartProvider& provider,
+                                                    bool scratch_needed,
+                                                    const MultipartOptions& options);
 
 struct AbortedUploads {
   int aborted = 0;
