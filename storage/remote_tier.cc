@@ -200,12 +200,13 @@ void RemoteTier::Run() {
       upload->progress.state = status.ok() ? RemoteState::kCommitted : RemoteState::kFailed;
       if (!status.ok()) upload->progress.error = std::string(status.message());
       upload->progress.ended_at = absl::Now();
+      // The lease goes before the end is seen: once WaitFor says ended,
+      // local retention may take the checkpoint.
+      upload->lease.reset();
       finished_.push_back(upload->progress);
       while (finished_.size() > options_.history) finished_.pop_front();
       running_ = nullptr;
     }
-    // The lease goes last: local retention may take the checkpoint now.
-    upload.reset();
   }
 }
 

@@ -136,6 +136,8 @@ class RemoteTier {
   ByteRateLimiter pacer_;
   std::atomic<bool> stopping_{false};
 
+  // Held while leases are taken and released (CheckpointLeases' lock is a
+  // leaf below it).
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Upload>> queue_ ABSL_GUARDED_BY(mu_);
   // The upload running on the thread (not in queue_), null when idle.

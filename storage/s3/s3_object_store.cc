@@ -74,11 +74,11 @@ absl::Status S3ObjectStore::Put(absl::string_view key, absl::string_view body) {
 }
 
 absl::Status S3ObjectStore::PutFromSource(absl::string_view key, uint64_t size,
-                                          const PartSource& source, size_t) {
+                                          const PartSource& source, size_t part_size) {
   ASSIGN_OR_RETURN(const std::string s3_key, S3Key(key));
   if (size < options_.multipart_threshold) {
-    return ObjectStore::PutFromSource(key, size, source,
-                                      std::max<size_t>(static_cast<size_t>(size), 1));
+    // Gathered (below the threshold: bounded) and sent as one PutObject.
+    return ObjectStore::PutFromSource(key, size, source, part_size);
   }
   absl::StatusOr<MultipartResult> uploaded = UploadMultipartFrom(
       *client_, bucket_, s3_key, size,

@@ -62,7 +62,8 @@ class S3ObjectStore : public ObjectStore {
   // "s3://bucket/prefix/key".
   std::string Describe(absl::string_view key) const override;
   absl::Status Put(absl::string_view key, absl::string_view body) override;
-  // Below the multipart threshold, one PutObject of the gathered body;
+  // Below the multipart threshold, one PutObject of the body gathered from
+  // parts of `part_size`;
   // above it, a multipart upload whose parts (options.multipart.part_size,
   // not `part_size`: S3's limits rule) are asked of `source` as they go,
   // parts_in_flight at a time, each in a part buffer of its own.
