@@ -112,6 +112,25 @@ struct DaemonOptions {
   // and a hardened unit must list it in ReadWritePaths.
   std::string metrics_file;
   uint64_t metrics_interval_ms = 5000;
+  // The remote (cluster) tier (storage/remote_tier.h): each checkpoint
+  // committed here is copied there in the background and committed there
+  // once every node's part is in. "s3://bucket/prefix", or an absolute path
+  // to a directory on a file system every node mounts; empty: off.
+  std::string remote;
+  // For s3:// only: the server ("https://s3.us-east-1.amazonaws.com",
+  // "http://127.0.0.1:8333"), its region, and "virtual" or "path" style
+  // addressing (path for most S3-compatible servers).
+  std::string remote_endpoint;
+  std::string remote_region = "us-east-1";
+  std::string remote_addressing = "virtual";
+  // An S3 credentials file in the AWS INI format (the unit's
+  // LoadCredential= puts one in $CREDENTIALS_DIRECTORY); empty: the
+  // environment, then the shared credentials file and AWS_PROFILE.
+  std::string remote_credentials_file;
+  // Upload rate cap in bytes/s (0: none), and how long one checkpoint's
+  // upload and remote commit may take before they fail, naming why.
+  uint64_t remote_max_bytes_per_second = 0;
+  uint64_t remote_upload_timeout_ms = 1'800'000;
 };
 
 }  // namespace ckpt

@@ -94,6 +94,22 @@ ABSL_FLAG(std::string, metrics_file, kDefaults.metrics_file,
           "atomically every --metrics_interval_ms; empty: off");
 ABSL_FLAG(uint64_t, metrics_interval_ms, kDefaults.metrics_interval_ms,
           "how often --metrics_file is rewritten");
+ABSL_FLAG(std::string, remote, kDefaults.remote,
+          "remote (cluster) tier: s3://bucket/prefix or an absolute directory on a "
+          "file system every node mounts; each checkpoint committed here is copied "
+          "there and committed there once every node's part is in; empty: off");
+ABSL_FLAG(std::string, remote_endpoint, kDefaults.remote_endpoint,
+          "S3 server URL for --remote s3://... (e.g. http://127.0.0.1:8333)");
+ABSL_FLAG(std::string, remote_region, kDefaults.remote_region, "S3 region for --remote");
+ABSL_FLAG(std::string, remote_addressing, kDefaults.remote_addressing,
+          "S3 addressing for --remote: virtual or path");
+ABSL_FLAG(std::string, remote_credentials_file, kDefaults.remote_credentials_file,
+          "S3 credentials file (AWS INI format); empty: the environment, then "
+          "~/.aws/credentials and AWS_PROFILE");
+ABSL_FLAG(uint64_t, remote_max_bytes_per_second, kDefaults.remote_max_bytes_per_second,
+          "upload rate cap of the remote tier in bytes/s; 0: none");
+ABSL_FLAG(uint64_t, remote_upload_timeout_ms, kDefaults.remote_upload_timeout_ms,
+          "how long one checkpoint's upload and remote commit may take");
 ABSL_FLAG(bool, verbose, false, "log debug messages (--log_level debug)");
 ABSL_FLAG(std::string, config, "",
           "config file (protobuf text format, see deploy/ckptd.conf); flags "
@@ -175,6 +191,9 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(gpu_copy_timeout_ms) CKPT_FROM_FLAG(drain_timeout_ms)
   CKPT_FROM_FLAG(log_level)
   CKPT_FROM_FLAG(metrics_file) CKPT_FROM_FLAG(metrics_interval_ms)
+  CKPT_FROM_FLAG(remote) CKPT_FROM_FLAG(remote_endpoint) CKPT_FROM_FLAG(remote_region)
+  CKPT_FROM_FLAG(remote_addressing) CKPT_FROM_FLAG(remote_credentials_file)
+  CKPT_FROM_FLAG(remote_max_bytes_per_second) CKPT_FROM_FLAG(remote_upload_timeout_ms)
 #undef CKPT_FROM_FLAG
   // --verbose is --log_level debug, unless --log_level is given too.
   if (absl::GetFlag(FLAGS_verbose) && !GivenOnCommandLine("log_level")) {

@@ -25,6 +25,7 @@
 #include "daemon/live_reload.h"
 #include "daemon/metrics_writer.h"
 #include "daemon/open_files_limit.h"
+#include "daemon/remote_store.h"
 #include "daemon/save_drain.h"
 #include "daemon/service.h"
 #include "daemon/service_notifier.h"
@@ -215,8 +216,19 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   CheckpointLeases leases;
   MemoryTier tier(options.keep_in_memory_bytes);
   if (gpu->device() != nullptr) tier.SetPinner(gpu.get());
+  // The remote tier, if any (storage/remote_tier.h): stopped (its upload in
+  // progress failed, the local copy kept) before the store, the memory tier
+  // and the leases it reads go.
+  std::unique_ptr<RemoteTier> remote;
+  if (!options.remote.empty()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<ObjectStore> remote_store, OpenRemoteStore(options));
+    LogInfo("remote tier: ", remote_store->Describe(""));
+    remote = std::make_unique<RemoteTier>(RemoteTierOptionsOf(options), &store, &tier, &leases,
+                                          std::move(remote_store));
+  }
   auto saves = std::make_unique<SaveCoordinator>(SaveOptionsOf(options), &store, pool.get(),
-                                                 workers.get(), &leases, &tier);
+                                                 workers.get(), &leases, &tier,
+                                                 DefaultFileOps(), remote.get());
   auto loader = std::make_unique<Loader>(
       std::chrono::milliseconds(options.load_batch_ms), &store, pool.get(), workers.get(),
       &leases, &tier, options.load_plan_bytes);
@@ -318,6 +330,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   saves->StopWatching();
   workers.reset();
   saves.reset();
+  if (remote != nullptr) remote->Stop();
   metrics.reset();  // its final write: every save has ended by now
   return absl::OkStatus();
 }

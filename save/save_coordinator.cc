@@ -72,13 +72,14 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
                                  const CheckpointStore* store,
                                  StagingPool* pool, IoWorkers* workers,
                                  CheckpointLeases* leases, MemoryTier* tier,
-                                 FileOps& file_ops)
+                                 FileOps& file_ops, RemoteTier* remote)
     : options_(options),
       keep_last_(options.keep_last),
       store_(store),
       workers_(workers),
       leases_(leases),
       tier_(tier),
+      remote_(remote),
       file_ops_(file_ops),
       commit_(store, file_ops),
       writer_({.node_id = options.node_id,
@@ -319,6 +320,15 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   // retention, which reads every kept COMMIT, so that a restore right after
   // the commit seldom has to pin the images itself (MemoryTier::Find).
   tier_->Pin(cp.job, cp.name);
+  // Before retention: the upload leases the checkpoint, so that its local
+  // files stay until its remote commit has ended.
+  if (remote_ != nullptr) {
+    absl::Status queued = remote_->Enqueue(cp.job, cp.name);
+    if (!queued.ok()) {
+      LogWarning(LogFields().Job(cp.job).Checkpoint(cp.name),
+                 "not copied to the remote tier: ", queued.ToString());
+    }
+  }
   // Only now is there a newer committed checkpoint to make room for.
   auto deleted = ApplyRetention(*store_, *leases_, cp.job, keep_last);
   if (!deleted.ok()) {

@@ -61,6 +61,7 @@
 #include "storage/durable_file.h"
 #include "storage/garbage_collector.h"
 #include "storage/memory_tier.h"
+#include "storage/remote_tier.h"
 
 namespace ckpt {
 
@@ -75,7 +76,7 @@ class SaveCoordinator {
   SaveCoordinator(const SaveOptions& options, const CheckpointStore* store,
                   StagingPool* pool, IoWorkers* workers,
                   CheckpointLeases* leases, MemoryTier* tier,
-                  FileOps& file_ops = DefaultFileOps());
+                  FileOps& file_ops = DefaultFileOps(), RemoteTier* remote = nullptr);
 
   // Validates and queues this rank's part; returns its save id. With
   // `accepted`, fills in what the trainer's stream may wait for
@@ -183,6 +184,8 @@ class SaveCoordinator {
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
   MemoryTier* const tier_;
+  // The remote tier (null: none), handed each checkpoint once committed.
+  RemoteTier* const remote_;
   FileOps& file_ops_;
   CommitProtocol commit_;
   SaveProgressBoard board_;

@@ -1,0 +1,65 @@
+#include "daemon/remote_store.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "storage/posix_object_store.h"
+#include "storage/s3/s3_client.h"
+#include "storage/s3/s3_credentials.h"
+#include "storage/s3/s3_location.h"
+#include "storage/s3/s3_object_store.h"
+
+namespace ckpt {
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenRemoteStore(const DaemonOptions& options) {
+  const std::string& remote = options.remote;
+  if (absl::StartsWith(remote, "/")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PosixObjectStore> store, PosixObjectStore::Open(remote));
+    return std::shared_ptr<ObjectStore>(std::move(store));
+  }
+  if (!absl::StartsWith(remote, "s3://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--remote '", remote, "' is neither s3://bucket/prefix nor an absolute directory"));
+  }
+  s3::S3ClientOptions client;
+  // AWS's own endpoint for the region unless another server is named.
+  const std::string endpoint =
+      options.remote_endpoint.empty()
+          ? absl::StrCat("https://s3.", options.remote_region, ".amazonaws.com")
+          : options.remote_endpoint;
+  absl::StatusOr<s3::S3Endpoint> parsed = s3::ParseEndpoint(endpoint);
+  if (!parsed.ok()) return Annotate(parsed.status(), "--remote_endpoint");
+  client.endpoint = *std::move(parsed);
+  absl::StatusOr<s3::AddressingStyle> style =
+      s3::ParseAddressingStyle(options.remote_addressing);
+  if (!style.ok()) return Annotate(style.status(), "--remote_addressing");
+  client.style = *style;
+  client.region = options.remote_region;
+  std::optional<std::string> file;
+  if (!options.remote_credentials_file.empty()) file = options.remote_credentials_file;
+  ASSIGN_OR_RETURN(client.credentials,
+                   s3::ResolveCredentials(s3::ProcessEnvironment(), file));
+  // Over HTTPS TLS protects the bodies, and ckptd checksums every block
+  // itself: no SHA-256 pass over every uploaded byte.
+  client.sign_payloads = !client.endpoint.https;
+  ASSIGN_OR_RETURN(std::unique_ptr<s3::S3Client> created, s3::S3Client::Create(client));
+  std::shared_ptr<s3::S3Client> shared(std::move(created));
+  ASSIGN_OR_RETURN(std::unique_ptr<s3::S3ObjectStore> store,
+                   s3::S3ObjectStore::Create(std::move(shared), remote));
+  return std::shared_ptr<ObjectStore>(std::move(store));
+}
+
+RemoteTierOptions RemoteTierOptionsOf(const DaemonOptions& options) {
+  RemoteTierOptions remote;
+  remote.node_id = options.node_id;
+  remote.nodes = options.nodes;
+  remote.max_bytes_per_second = options.remote_max_bytes_per_second;
+  remote.upload_timeout = absl::Milliseconds(options.remote_upload_timeout_ms);
+  return remote;
+}
+
+}  // namespace ckpt

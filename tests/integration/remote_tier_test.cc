@@ -1,0 +1,75 @@
+// Daemons with --remote: each node's part of every committed checkpoint is
+// copied to the remote tier (here a directory, as a shared file system) and
+// the checkpoint committed there with the local COMMIT's bytes, every file
+// whole, off the trainer's path.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "integration/daemon_fixture.h"
+#include "support/temp_dir.h"
+
+namespace ckpt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+// Waits up to `timeout` for `path` to exist.
+bool Appears(const fs::path& path, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (fs::exists(path)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return fs::exists(path);
+}
+
+}  // namespace
+
+TEST_CASE("with --remote, two nodes' checkpoints are committed in the remote tier with the "
+          "local COMMIT's bytes and every data file whole",
+          "[integration][remote]") {
+  TempDir remote;
+  Cluster cluster(2, {"--remote", remote.path(), "--keep_in_memory_bytes",
+                      std::to_string(64 << 20)});
+  const ProcessResult run = RunProcess(
+      {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
+       "--ranks-per-node", "2", "--replicas", "2", "--layout", "uniform", "--tensors", "8",
+       "--bytes-per-rank", std::to_string(1 << 20), "--saves", "2"});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  for (const char* step : {"step-00000001", "step-00000002"}) {
+    INFO(step);
+    const fs::path local = fs::path(cluster.root()) / "job" / step;
+    const fs::path there = fs::path(remote.path()) / "job" / step;
+    REQUIRE(Appears(there / "COMMIT", std::chrono::seconds(60)));
+    CHECK(ReadAll(there / "COMMIT") == ReadAll(local / "COMMIT"));
+    int files = 0;
+    for (const fs::directory_entry& entry : fs::directory_iterator(local)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      ++files;
+      INFO(entry.path().filename());
+      REQUIRE(fs::exists(there / entry.path().filename()));
+      CHECK(ReadAll(there / entry.path().filename()) == ReadAll(entry.path()));
+    }
+    CHECK(files >= 2);
+    // Each node's manifest went through the tree commit's keys (two nodes:
+    // one group of two).
+    CHECK(fs::exists(there / "g-0000000" / "node-0000000.manifest"));
+    CHECK(fs::exists(there / "g-0000000" / "node-0000001.manifest"));
+    CHECK(fs::exists(there / "groups" / "g-0000000.manifests"));
+  }
+}
+
+}  // namespace ckpt::testing
