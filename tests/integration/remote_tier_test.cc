@@ -9,7 +9,11 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "integration/daemon_fixture.h"
+#include "s3/s3_test_server.h"
+#include "storage/s3/s3_client.h"
+#include "support/skip.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::testing {
@@ -70,6 +74,63 @@ TEST_CASE("with --remote, two nodes' checkpoints are committed in the remote tie
     CHECK(fs::exists(there / "g-0000000" / "node-0000001.manifest"));
     CHECK(fs::exists(there / "groups" / "g-0000000.manifests"));
   }
+}
+
+TEST_CASE("with --remote s3://, two nodes' checkpoint is committed in the bucket with the "
+          "local COMMIT's bytes and every data file whole",
+          "[integration][remote][s3server]") {
+  std::string skip_reason;
+  auto server = s3::testing::S3TestServer::Start(&skip_reason);
+  if (server == nullptr) CKPT_SKIP(skip_reason);
+  const s3::S3ClientOptions client_options = server->ClientOptions();
+  TempDir secrets;
+  const std::string credentials = secrets.path() + "/credentials";
+  {
+    std::ofstream out(credentials);
+    out << "[default]\naws_access_key_id = " << client_options.credentials.access_key_id
+        << "\naws_secret_access_key = " << server->secret_key() << "\n";
+    REQUIRE(out.good());
+  }
+  const std::string endpoint = absl::StrCat("http://", client_options.endpoint.Authority());
+  Cluster cluster(2, {"--remote", absl::StrCat("s3://", server->bucket(), "/tier"),
+                      "--remote_endpoint", endpoint, "--remote_addressing", "path",
+                      "--remote_region", client_options.region, "--remote_credentials_file",
+                      credentials});
+  const ProcessResult run = RunProcess(
+      {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
+       "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
+       "--bytes-per-rank", std::to_string(6 << 20), "--saves", "1"});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  auto client = server->Client();
+  const fs::path local = fs::path(cluster.root()) / "job" / "step-00000001";
+  auto read_object = [&](const std::string& key) -> std::optional<std::string> {
+    auto head = client->HeadObject(server->bucket(), key);
+    if (!head.ok()) return std::nullopt;
+    std::string bytes(head->size, '\0');
+    auto got = client->GetObject(server->bucket(), key, absl::MakeSpan(bytes));
+    REQUIRE(got.ok());
+    return bytes;
+  };
+  const std::string prefix = "tier/job/step-00000001/";
+  std::optional<std::string> commit;
+  for (int i = 0; i < 600 && !commit.has_value(); ++i) {
+    commit = read_object(prefix + "COMMIT");
+    if (!commit.has_value()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  INFO(server->LogTail());
+  REQUIRE(commit.has_value());
+  CHECK(*commit == ReadAll(local / "COMMIT"));
+  int files = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(local)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    ++files;
+    INFO(entry.path().filename());
+    std::optional<std::string> object = read_object(prefix + entry.path().filename().string());
+    REQUIRE(object.has_value());
+    CHECK(*object == ReadAll(entry.path()));
+  }
+  CHECK(files >= 2);
 }
 
 }  // namespace ckpt::testing
