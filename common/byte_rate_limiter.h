@@ -1,9 +1,9 @@
 // ByteRateLimiter: paces a stream of bytes to a configured rate, so that a
 // background transfer (the remote tier's upload) leaves the node's network
-// and disks to the trainer. Acquire(n) blocks until n more bytes may go;
-// the bytes are spread over time from the first Acquire, with a burst of
-// one second's worth allowed after an idle spell (not more: an idle hour
-// does not buy an hour's burst).
+// and disks to the trainer. Acquire(n) blocks until n more bytes may go,
+// so that over any span the bytes sent are at most the rate's worth plus
+// one second's (the burst an idle spell allows: an idle hour does not buy
+// an hour's burst).
 //
 // Thread-safety: Acquire may be called from several threads; they share
 // the rate. `stop` (optional) ends a wait early: Acquire returns false.
@@ -31,10 +31,13 @@ class ByteRateLimiter {
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
-      // No more credit than one second's worth.
-      if (next_ < now - absl::Seconds(1)) next_ = now - absl::Seconds(1);
-      send_at = next_;
-      next_ += absl::Seconds(static_cast<double>(bytes) / static_cast<double>(rate_));
+      // The bytes take their share of the schedule from where it is free
+      // (an idle spell earns nothing past now), and may go once that share
+      // ends within a second from now: a second's worth may go at once,
+      // and a part larger than that waits for the rest of its time.
+      const absl::Time start = std::max(next_, now);
+      next_ = start + absl::Seconds(static_cast<double>(bytes) / static_cast<double>(rate_));
+      send_at = next_ - absl::Seconds(1);
     }
     while (absl::Now() < send_at) {
       if (stop != nullptr && stop->load()) return false;

@@ -225,6 +225,8 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
     LogInfo("remote tier: ", remote_store->Describe(""));
     remote = std::make_unique<RemoteTier>(RemoteTierOptionsOf(options), &store, &tier, &leases,
                                           std::move(remote_store));
+    // An earlier daemon's uploads that never committed there, newest first.
+    remote->ResumeUnfinished();
   }
   auto saves = std::make_unique<SaveCoordinator>(SaveOptionsOf(options), &store, pool.get(),
                                                  workers.get(), &leases, &tier,

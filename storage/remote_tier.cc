@@ -101,6 +101,11 @@ void RemoteTier::Stop() {
 
 absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
+  return EnqueueLocked(job, checkpoint, /*resumed=*/false);
+}
+
+absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string& checkpoint,
+                                       bool resumed) {
   if (stopped_) {
     return absl::FailedPreconditionError("the remote tier is stopping");
   }
@@ -118,12 +123,63 @@ absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& chec
   auto upload = std::make_unique<Upload>();
   ASSIGN_OR_RETURN(CheckpointLease lease, leases_->Hold(job, checkpoint));
   upload->lease.emplace(std::move(lease));
+  upload->resumed = resumed;
   upload->progress.job = job;
   upload->progress.checkpoint = checkpoint;
   upload->progress.queued_at = absl::Now();
   upload->progress.ended_at = absl::InfinitePast();
   queue_.push_back(std::move(upload));
   return absl::OkStatus();
+}
+
+void RemoteTier::ResumeUnfinished() {
+  absl::MutexLock lock(&mu_);
+  resume_pending_ = true;
+}
+
+void RemoteTier::FindUnfinished() {
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = local_->List("");
+  if (!all.ok()) {
+    LogWarning("remote tier: cannot list the local checkpoints to resume their uploads: ",
+               all.status().ToString());
+    return;
+  }
+  std::vector<v1::CheckpointInfo> committed;
+  for (const v1::CheckpointInfo& c : *all) {
+    if (c.committed()) committed.push_back(c);
+  }
+  std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) {
+    return a.committed_unix_micros() > b.committed_unix_micros();
+  });
+  int resumed = 0;
+  for (const v1::CheckpointInfo& c : committed) {
+    if (stopping_.load()) return;
+    // Only checkpoints this node has a part of (its manifest is there).
+    if (!local_->ReadNodeManifest(c.job(), c.checkpoint(), options_.node_id).ok()) continue;
+    const std::string commit_key = absl::StrCat(CheckpointPrefix(c.job(), c.checkpoint()),
+                                                "COMMIT");
+    absl::StatusOr<ObjectInfo> remote_commit = remote_->Head(commit_key);
+    if (remote_commit.ok()) continue;
+    if (!absl::IsNotFound(remote_commit.status())) {
+      LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
+                 "remote tier: cannot tell whether it is committed there: ",
+                 remote_commit.status().ToString());
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    absl::Status queued = EnqueueLocked(c.job(), c.checkpoint(), /*resumed=*/true);
+    if (absl::IsResourceExhausted(queued)) break;
+    if (!queued.ok()) {
+      LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
+                 "remote tier: not resumed: ", queued.ToString());
+      continue;
+    }
+    ++resumed;
+  }
+  if (resumed > 0) {
+    LogInfo("remote tier: resuming ", resumed,
+            " upload(s) an earlier daemon left unfinished, newest first");
+  }
 }
 
 std::vector<RemoteProgress> RemoteTier::Progress() const {
@@ -170,16 +226,26 @@ void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t bytes, uint3
 void RemoteTier::Run() {
   while (true) {
     std::unique_ptr<Upload> upload;
+    bool resume = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopped_ || !queue_.empty();
+        return stopped_ || resume_pending_ || !queue_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       if (stopped_) return;
-      upload = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = upload.get();
+      if (resume_pending_) {
+        resume_pending_ = false;
+        resume = true;
+      } else {
+        upload = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = upload.get();
+      }
+    }
+    if (resume) {
+      FindUnfinished();
+      continue;
     }
     const absl::Status status = UploadAndCommit(*upload);
     const RemoteProgress& p = upload->progress;
@@ -277,6 +343,17 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
     }
     if (!opened.ok()) return Annotate(opened.status(), what);
     fd = *std::move(opened);
+  }
+  if (upload.resumed) {
+    // An earlier daemon of this node may have died mid-upload of this very
+    // key (only this node writes it): its multipart upload is billed until
+    // aborted.
+    absl::StatusOr<int> aborted = remote_->AbortUnfinished(key, started_);
+    if (!aborted.ok()) return Annotate(aborted.status(), what);
+    if (*aborted > 0) {
+      LogInfo(LogFields().Job(job).Checkpoint(checkpoint), "remote tier: aborted ", *aborted,
+              " unfinished upload(s) of ", remote_->Describe(key), " an earlier daemon left");
+    }
   }
   const uint64_t uploaded_before = upload.progress.bytes_uploaded;
   ObjectStore::PartSource source =

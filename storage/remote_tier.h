@@ -98,6 +98,14 @@ class RemoteTier {
   // NotFound if the local checkpoint is being deleted.
   absl::Status Enqueue(const std::string& job, const std::string& checkpoint);
 
+  // For a daemon that starts: queues, newest first, the locally committed
+  // checkpoints that have a part of this node and no COMMIT in the remote
+  // tier (a crashed or stopped daemon's unfinished uploads), up to
+  // max_queued; their files' multipart uploads left on the server by the
+  // earlier daemon are aborted before they are uploaded again. Runs on the
+  // tier's thread, before any upload; returns at once.
+  void ResumeUnfinished();
+
   // Uploads waiting or running, then the recent finished ones, newest last.
   std::vector<RemoteProgress> Progress() const;
 
@@ -116,9 +124,16 @@ class RemoteTier {
   struct Upload {
     RemoteProgress progress;
     std::optional<CheckpointLease> lease;
+    // Queued by ResumeUnfinished: an earlier daemon may have left
+    // unfinished multipart uploads of its files.
+    bool resumed = false;
   };
 
   void Run();
+  // ResumeUnfinished's work, on the tier's thread.
+  void FindUnfinished();
+  absl::Status EnqueueLocked(const std::string& job, const std::string& checkpoint,
+                             bool resumed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uploads the files and runs the remote commit of `upload` (on the tier's
   // thread, without the lock).
   absl::Status UploadAndCommit(Upload& upload);
@@ -144,6 +159,9 @@ class RemoteTier {
   Upload* running_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::deque<RemoteProgress> finished_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // Uploads that began before this are an earlier daemon's.
+  const absl::Time started_ = absl::Now();
 
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);

@@ -76,6 +76,34 @@ TEST_CASE("with --remote, two nodes' checkpoints are committed in the remote tie
   }
 }
 
+TEST_CASE("a daemon killed mid-upload resumes the upload when it starts again: the "
+          "checkpoint is committed in the remote tier, no leftover of the killed upload stays",
+          "[integration][remote]") {
+  TempDir remote;
+  // 1 MiB/s: the 4 MiB upload takes seconds, the local commit milliseconds.
+  DaemonProcess daemon({"--remote", remote.path(), "--remote_max_bytes_per_second",
+                        std::to_string(1 << 20)});
+  const ProcessResult run = RunProcess(
+      {LOADGEN_BINARY, "--socket", daemon.socket(), "--job", "job", "--nodes", "1",
+       "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
+       "--bytes-per-rank", std::to_string(4 << 20), "--saves", "1"});
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  const fs::path local = fs::path(daemon.root()) / "job" / "step-00000001";
+  const fs::path there = fs::path(remote.path()) / "job" / "step-00000001";
+  REQUIRE(fs::exists(local / "COMMIT"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  daemon.Kill();
+  REQUIRE_FALSE(fs::exists(there / "COMMIT"));
+  daemon.Restart();
+  REQUIRE(Appears(there / "COMMIT", std::chrono::seconds(60)));
+  CHECK(ReadAll(there / "COMMIT") == ReadAll(local / "COMMIT"));
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(there)) {
+    INFO(entry.path());
+    CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+}
+
 TEST_CASE("with --remote s3://, two nodes' checkpoint is committed in the bucket with the "
           "local COMMIT's bytes and every data file whole",
           "[integration][remote][s3server]") {
