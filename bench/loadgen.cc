@@ -88,7 +88,7 @@ struct RankResult {
   uint64_t bytes = 0;
   double restore_s = 0;
   uint64_t bytes_read = 0;  // of this rank's load round
-  int source = 0;           // of its load: 0 storage, 1 memory, 2 mixed
+  int source = 0;           // of its load: 0 storage, 1 memory, 2 mixed, 3 remote
   double define_layout_ms = 0;
   std::vector<double> save_call_ms, staged_s, durable_s, committed_s;
 };
@@ -278,7 +278,10 @@ absl::Status LoadRank(const Args& args, uint32_t rank, RankResult* out) {
   ASSIGN_OR_RETURN(ckpt::v1::LoadResponse response, m.client->Load(std::move(request)));
   out->restore_s = Seconds(std::chrono::steady_clock::now() - t0);
   out->bytes_read = response.bytes_read();
-  out->source = response.source() == "memory" ? 1 : response.source() == "mixed" ? 2 : 0;
+  out->source = response.source() == "memory"   ? 1
+                : response.source() == "mixed"  ? 2
+                : response.source() == "remote" ? 3
+                                                : 0;
 
   // What the saving job held: every shard of every tensor, once.
   const auto tensors = ckpt::bench::GlobalTensors(args.layout);
@@ -564,12 +567,14 @@ int main(int argc, char** argv) {
   }
   uint64_t bytes_read = 0;
   for (uint64_t n : node_read) bytes_read += n;
-  bool any_memory = false, all_memory = !loads.empty();
+  bool any_memory = false, all_memory = !loads.empty(), all_remote = !loads.empty();
   for (const RankResult& r : loads) {
-    any_memory = any_memory || r.source != 0;
+    any_memory = any_memory || r.source == 1 || r.source == 2;
     all_memory = all_memory && r.source == 1;
+    all_remote = all_remote && r.source == 3;
   }
   const char* source = !args.restore  ? ""
+                       : all_remote   ? "remote"
                        : all_memory   ? "memory"
                        : any_memory   ? "mixed"
                                       : "storage";

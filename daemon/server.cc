@@ -233,7 +233,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
                                                  DefaultFileOps(), remote.get());
   auto loader = std::make_unique<Loader>(
       std::chrono::milliseconds(options.load_batch_ms), &store, pool.get(), workers.get(),
-      &leases, &tier, options.load_plan_bytes);
+      &leases, &tier, options.load_plan_bytes, remote.get());
   ASSIGN_OR_RETURN(
       std::unique_ptr<SessionRegistry> sessions,
       SessionRegistry::Start(

@@ -62,6 +62,8 @@ struct RoundRun {
   // opened beneath it, without symlinks.
   std::optional<StorageDir> dir;
   std::atomic<size_t> files_from_memory{0};
+  // Set when the checkpoint is read from the remote tier (no local files).
+  const RemoteTier* remote = nullptr;
 
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
@@ -77,7 +79,8 @@ struct RoundRun {
       }
       e.response.set_bytes_read(bytes_read.load());
       const size_t from_memory = files_from_memory.load();
-      e.response.set_source(from_memory == 0              ? "storage"
+      e.response.set_source(remote != nullptr             ? "remote"
+                            : from_memory == 0            ? "storage"
                             : from_memory == files.size() ? "memory"
                                                           : "mixed");
       e.done(std::move(e.response));
@@ -110,27 +113,50 @@ Loader::Done Measured(Loader::Done done) {
   };
 }
 
-// Resolves "latest", leases the checkpoint and reads its COMMIT.
+// Resolves "latest" (the newer of the local and the remote tier's),
+// leases a local checkpoint, and reads its COMMIT: from the local root, or,
+// for a checkpoint committed only in the remote tier, from there.
 absl::StatusOr<v1::CommitRecord> OpenForRead(RoundRun& run, const CheckpointStore& store,
-                                             CheckpointLeases& leases) {
+                                             CheckpointLeases& leases, const RemoteTier* remote) {
   const v1::LoadRequest& head = run.entries.front().request;
-  std::string name = head.checkpoint();
-  if (name == kLatestAlias) {
-    ASSIGN_OR_RETURN(name, store.ResolveLatest(head.job()));
-  }
   RETURN_IF_ERROR(ValidateStorageName(head.job(), "job"));
+  std::string name = head.checkpoint();
+  bool from_remote = false;
+  if (name == kLatestAlias) {
+    absl::StatusOr<v1::CommitRecord> local = store.ReadCommit(head.job(), kLatestAlias);
+    absl::StatusOr<RemoteLatest> newest =
+        remote != nullptr ? remote->ReadLatest(head.job())
+                          : absl::StatusOr<RemoteLatest>(absl::NotFoundError("no remote tier"));
+    if (local.ok() && (!newest.ok() || newest->checkpoint == local->index().checkpoint() ||
+                       local->committed_unix_micros() >= newest->committed_unix_micros)) {
+      name = local->index().checkpoint();
+    } else if (newest.ok()) {
+      name = newest->checkpoint;
+      from_remote = !store.IsCommitted(head.job(), name);
+    } else {
+      return local.status();
+    }
+  }
   RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
-  RETURN_IF_ERROR(leases.Acquire(head.job(), name));
-  run.leases = &leases;
   run.job = head.job();
   run.checkpoint = name;
-  return store.ReadCommit(head.job(), name);
+  if (!from_remote) {
+    RETURN_IF_ERROR(leases.Acquire(head.job(), name));
+    run.leases = &leases;
+    absl::StatusOr<v1::CommitRecord> local = store.ReadCommit(head.job(), name);
+    if (local.ok() || remote == nullptr || !absl::IsNotFound(local.status())) return local;
+    leases.Release(head.job(), name);
+    run.leases = nullptr;
+  }
+  ASSIGN_OR_RETURN(v1::CommitRecord record, remote->ReadCommit(head.job(), name));
+  run.remote = remote;
+  return record;
 }
 
 void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
               StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-              const MemoryTier* tier, LoadPlanBudget* plan_budget) {
-  auto record = OpenForRead(*run, *store, *leases);
+              const MemoryTier* tier, LoadPlanBudget* plan_budget, const RemoteTier* remote) {
+  auto record = OpenForRead(*run, *store, *leases, remote);
   if (!record.ok()) {
     for (auto& e : run->entries) e.status = record.status();
     run->Finish();
@@ -175,7 +201,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   }
   std::map<int, std::vector<Delivery>> deliveries = MergeLoadPlans(&plans);
   plans.clear();
-  if (!deliveries.empty()) {
+  if (!deliveries.empty() && run->remote == nullptr) {
     auto dir = store->OpenCheckpoint(index.job(), index.checkpoint());
     if (!dir.ok()) {
       for (auto& e : run->entries) e.status.Update(dir.status());
@@ -195,7 +221,14 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
       continue;
     }
     ShardReadRequest& req = run->files[c.file_index()];
-    if (req.path.empty()) {
+    if (req.path.empty() && run->remote != nullptr) {
+      // Fetched into memory by the worker that reads it (below).
+      const v1::DataFile& file = index.files(c.file_index());
+      req.path = run->remote->DescribeFile(index.job(), index.checkpoint(), file.name());
+      req.name = file.name();
+      req.file_size = file.size();
+      req.checksum_block_bytes = index.checksum_block_bytes();
+    } else if (req.path.empty()) {
       const v1::DataFile& file = index.files(c.file_index());
       req.path = run->dir->PathOf(file.name());
       req.dir = &*run->dir;
@@ -236,6 +269,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
     std::sort(req.items.begin(), req.items.end(), [](const ItemRead& a, const ItemRead& b) {
       return a.item_file_offset < b.item_file_offset;
     });
+    // A remote file is fetched whole by the one worker that reads it.
     const bool from_memory = req.memory_image != nullptr;
     std::vector<ShardReadRequest> parts =
         SplitShardRead(std::move(req), from_memory ? workers->size() : 1, kMinPartBytes);
@@ -256,12 +290,28 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
                                         std::move(chunks));
       }
       absl::StatusOr<uint64_t> n = uint64_t{0};
+      std::shared_ptr<const FileImage> fetched;
+      if (header.ok() && run->remote != nullptr) {
+        absl::StatusOr<std::shared_ptr<const FileImage>> got = run->remote->FetchFile(
+            run->job, run->checkpoint, read.request.name, read.request.file_size);
+        if (got.ok()) {
+          fetched = *std::move(got);
+          read.request.memory_image = fetched->data();
+        } else {
+          header = got.status();
+        }
+      }
       if (header.ok()) {
         read.request.expected_header = *std::move(header);
         ShardReader reader(pool, &queue);
         n = reader.Read(read.request);
+        // Fetched bytes are the ones read from the (remote) storage.
+        if (n.ok() && fetched != nullptr) n = fetched->size();
       } else {
         n = header.status();
+      }
+      if (!n.ok() && HostMemoryInUse(n.status()) && fetched != nullptr) {
+        KeepImagesForever({fetched});
       }
       if (n.ok()) {
         run->bytes_read += *n;
@@ -283,13 +333,14 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
 
 Loader::Loader(std::chrono::milliseconds batch_window, const CheckpointStore* store,
                StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-               const MemoryTier* tier, uint64_t plan_bytes)
+               const MemoryTier* tier, uint64_t plan_bytes, const RemoteTier* remote)
     : batch_window_(batch_window),
       store_(store),
       pool_(pool),
       workers_(workers),
       leases_(leases),
       tier_(tier),
+      remote_(remote),
       plan_budget_(LoadPlanBudget::Create(plan_bytes)) {
   batcher_ = std::thread([this] { Batch(); });
 }
@@ -399,7 +450,7 @@ void Loader::Launch(std::vector<Request> requests) {
   }
   workers_->Post(
       [run, this, budget = plan_budget_](IoQueue&) {
-        RunRound(run, store_, pool_, workers_, leases_, tier_, budget.get());
+        RunRound(run, store_, pool_, workers_, leases_, tier_, budget.get(), remote_);
       });
 }
 

@@ -16,6 +16,13 @@
 // completes the requests. A request that is invalid, or whose file fails,
 // fails alone; the others proceed.
 //
+// A checkpoint committed only in the remote tier (storage/remote_tier.h:
+// a node with an empty disk, or one whose local copy retention removed)
+// is read from there: each data file a rank needs is fetched whole with
+// ranged GETs, within the tier's fetch memory, and verified block by block
+// like a file from storage. A round reads one checkpoint from one tier:
+// never a mixture.
+//
 // Cancelling: each load writes through its LoadGate (restore/load_gate.h).
 // CancelLoad closes the gate of a session's load and returns once no write
 // of it is in progress; the load's call being cancelled closes it too. A
@@ -48,6 +55,7 @@
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/memory_tier.h"
+#include "storage/remote_tier.h"
 
 namespace ckpt {
 
@@ -57,9 +65,12 @@ class Loader {
 
   // `plan_bytes`: the memory the plans of loads in flight may hold
   // (restore/load_plan_budget.h).
+  // With `remote` (null: none), a checkpoint committed in the remote tier
+  // and not in the local root is read from there, and "latest" is the
+  // newer of the two tiers' (it must outlive the loader).
   Loader(std::chrono::milliseconds batch_window, const CheckpointStore* store,
          StagingPool* pool, IoWorkers* workers, CheckpointLeases* leases,
-         const MemoryTier* tier, uint64_t plan_bytes);
+         const MemoryTier* tier, uint64_t plan_bytes, const RemoteTier* remote = nullptr);
   ~Loader();  // stops the batching thread; queued rounds still run
 
   // Queues the load; `done` receives the result. `call_cancelled` (may be
@@ -105,6 +116,7 @@ class Loader {
   IoWorkers* const workers_;
   CheckpointLeases* const leases_;
   const MemoryTier* const tier_;
+  const RemoteTier* const remote_;
   const std::shared_ptr<LoadPlanBudget> plan_budget_;
   const std::shared_ptr<Gates> gates_ = std::make_shared<Gates>();
 

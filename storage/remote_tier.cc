@@ -8,16 +8,22 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "common/names.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "format/manifest_check.h"
 
 namespace ckpt {
 
 namespace {
 
 constexpr uint64_t kDirectIoBlock = 4096;
+// "<checkpoint>\n<committed_unix_micros>\n" is well under this.
+constexpr size_t kMaxRemoteLatestBytes = 1024;
 
 std::string CheckpointPrefix(const std::string& job, const std::string& checkpoint) {
   return absl::StrCat(job, "/", checkpoint, "/");
@@ -317,6 +323,14 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
       absl::SleepFor(std::min(*next - absl::Now(), absl::Milliseconds(50)));
     }
   }
+  if (node.outcome().ok() && node.wrote_commit()) {
+    // Restores of "latest" on a node with an empty disk find it there.
+    absl::Status latest = UpdateLatest(job, checkpoint);
+    if (!latest.ok()) {
+      LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
+                 "remote tier: committed, but LATEST not moved: ", latest.ToString());
+    }
+  }
   if (!node.last_failure().ok() && node.outcome().ok()) {
     LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
                "remote commit: a request failed and was retried: ",
@@ -382,6 +396,125 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
   Update(upload, RemoteState::kUploading, uploaded_before + size,
          upload.progress.files_uploaded + 1);
   return absl::OkStatus();
+}
+
+std::string RemoteTier::DescribeFile(const std::string& job, const std::string& checkpoint,
+                                     const std::string& file) const {
+  return remote_->Describe(absl::StrCat(CheckpointPrefix(job, checkpoint), file));
+}
+
+absl::StatusOr<v1::CommitRecord> RemoteTier::ReadCommit(const std::string& job,
+                                                        const std::string& checkpoint) const {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
+  const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), "COMMIT");
+  absl::StatusOr<std::string> bytes = GetSmallObject(*remote_, key, kMaxFramedFileBytes);
+  if (absl::IsNotFound(bytes.status())) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", job, "/", checkpoint,
+                                            " is not committed in the remote tier either (",
+                                            remote_->Describe(key), ")"));
+  }
+  if (!bytes.ok()) return bytes.status();
+  ASSIGN_OR_RETURN(v1::CommitRecord record, ParseCommitFile(*bytes, remote_->Describe(key)));
+  if (record.index().job() != job || record.index().checkpoint() != checkpoint) {
+    return absl::DataLossError(absl::StrCat(
+        remote_->Describe(key), " holds the COMMIT of ", record.index().job(), "/",
+        record.index().checkpoint()));
+  }
+  return record;
+}
+
+absl::StatusOr<RemoteLatest> RemoteTier::ReadLatest(const std::string& job) const {
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  const std::string key = absl::StrCat(job, "/", kLatestFileName);
+  ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(*remote_, key, kMaxRemoteLatestBytes));
+  // "<checkpoint>\n<committed_unix_micros>\n"
+  std::vector<absl::string_view> lines = absl::StrSplit(bytes, '\n', absl::SkipEmpty());
+  RemoteLatest latest;
+  if (lines.size() != 2 || !absl::SimpleAtoi(lines[1], &latest.committed_unix_micros) ||
+      !ValidateStorageName(lines[0], "checkpoint").ok()) {
+    return absl::DataLossError(absl::StrCat(remote_->Describe(key),
+                                            " is not a checkpoint name and a commit time"));
+  }
+  latest.checkpoint = std::string(lines[0]);
+  return latest;
+}
+
+absl::Status RemoteTier::UpdateLatest(const std::string& job, const std::string& checkpoint) {
+  ASSIGN_OR_RETURN(v1::CommitRecord record, local_->ReadCommit(job, checkpoint));
+  absl::StatusOr<RemoteLatest> current = ReadLatest(job);
+  if (current.ok() && current->checkpoint != checkpoint &&
+      current->committed_unix_micros > record.committed_unix_micros()) {
+    return absl::OkStatus();  // only forward
+  }
+  if (!current.ok() && !absl::IsNotFound(current.status()) &&
+      !absl::IsDataLoss(current.status())) {
+    return current.status();
+  }
+  return remote_->Put(absl::StrCat(job, "/", kLatestFileName),
+                      absl::StrCat(checkpoint, "\n", record.committed_unix_micros(), "\n"));
+}
+
+absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchFile(
+    const std::string& job, const std::string& checkpoint, const std::string& file,
+    uint64_t size) const {
+  const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
+  const std::string what = absl::StrCat("fetch of ", remote_->Describe(key));
+  if (size == 0 || size > options_.fetch_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", size, " bytes, and restores from the remote tier fetch files of 1 to ",
+        options_.fetch_bytes, " bytes (fetch_bytes)"));
+  }
+  const absl::Time deadline = absl::Now() + options_.fetch_timeout;
+  {
+    absl::MutexLock lock(&fetch_mu_);
+    auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_) {
+      return fetch_held_ + size <= options_.fetch_bytes;
+    };
+    if (!fetch_mu_.AwaitWithDeadline(absl::Condition(&fits), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": other fetches held the ", options_.fetch_bytes, " bytes for ",
+          absl::FormatDuration(options_.fetch_timeout)));
+    }
+    fetch_held_ += size;
+  }
+  // From here the memory is this fetch's until its image is dropped.
+  auto release = [this, size] {
+    absl::MutexLock lock(&fetch_mu_);
+    fetch_held_ -= size;
+  };
+  auto image = std::make_unique<FileImage>(size);
+  if (image->data() == nullptr) {
+    release();
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot map ", size, " bytes"));
+  }
+  for (uint64_t offset = 0; offset < size; offset += options_.part_size) {
+    const uint64_t length = std::min<uint64_t>(options_.part_size, size - offset);
+    absl::Status failed;
+    if (absl::Now() > deadline) {
+      failed = absl::DeadlineExceededError(
+          absl::StrCat("not fetched within ", absl::FormatDuration(options_.fetch_timeout)));
+    } else {
+      absl::StatusOr<size_t> read =
+          remote_->Get(key, absl::MakeSpan(image->data() + offset, length),
+                       ObjectRange{offset, length});
+      if (!read.ok()) {
+        failed = read.status();
+      } else if (*read != length) {
+        failed = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset,
+                                                  " where its COMMIT lists ", length));
+      }
+    }
+    if (!failed.ok()) {
+      release();
+      return Annotate(failed, what);
+    }
+  }
+  return std::shared_ptr<const FileImage>(image.release(),
+                                          [release](const FileImage* done) {
+                                            delete done;
+                                            release();
+                                          });
 }
 
 }  // namespace ckpt

@@ -64,6 +64,18 @@ struct RemoteTierOptions {
   absl::Duration upload_timeout = absl::Minutes(30);
   size_t max_queued = 16;
   size_t history = 64;  // finished uploads kept for status
+  // Restores from the remote tier: memory for the files being fetched at
+  // once (a file larger than this cannot be fetched), and how long a fetch
+  // waits for that memory and its requests together.
+  uint64_t fetch_bytes = 4ull << 30;
+  absl::Duration fetch_timeout = absl::Minutes(10);
+};
+
+// The remote tier's LATEST: the newest checkpoint committed there, as the
+// node that wrote its COMMIT recorded it.
+struct RemoteLatest {
+  std::string checkpoint;
+  int64_t committed_unix_micros = 0;
 };
 
 enum class RemoteState { kQueued, kUploading, kCommitting, kCommitted, kFailed };
@@ -120,6 +132,25 @@ class RemoteTier {
 
   ObjectStore& remote() const { return *remote_; }
 
+  // Restores (restore/loader.h), from any thread:
+  // The COMMIT of a checkpoint committed in the remote tier (parsed and
+  // checked like a local one); NotFound if it is not committed there.
+  absl::StatusOr<v1::CommitRecord> ReadCommit(const std::string& job,
+                                              const std::string& checkpoint) const;
+  // The remote tier's LATEST of `job`; NotFound if none.
+  absl::StatusOr<RemoteLatest> ReadLatest(const std::string& job) const;
+  // A data file of a checkpoint committed there, fetched whole into memory
+  // with ranged GETs (part_size each), within fetch_bytes: waits while
+  // other fetches hold the memory, up to fetch_timeout. The bytes are not
+  // verified here: the reader verifies every block, as from storage.
+  absl::StatusOr<std::shared_ptr<const FileImage>> FetchFile(const std::string& job,
+                                                             const std::string& checkpoint,
+                                                             const std::string& file,
+                                                             uint64_t size) const;
+  // "s3://bucket/prefix/job/checkpoint/file", for messages.
+  std::string DescribeFile(const std::string& job, const std::string& checkpoint,
+                           const std::string& file) const;
+
  private:
   struct Upload {
     RemoteProgress progress;
@@ -140,6 +171,9 @@ class RemoteTier {
   absl::Status UploadFile(const std::string& job, const std::string& checkpoint,
                           const StorageDir& dir, const std::string& file, uint64_t size,
                           absl::Time deadline, Upload& upload);
+  // Moves the remote LATEST of `job` to `checkpoint` unless it names one
+  // committed later (the node that wrote COMMIT, after writing it).
+  absl::Status UpdateLatest(const std::string& job, const std::string& checkpoint);
   // Records progress under the lock.
   void Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files);
 
@@ -162,6 +196,10 @@ class RemoteTier {
   bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;
   // Uploads that began before this are an earlier daemon's.
   const absl::Time started_ = absl::Now();
+
+  // Bytes of fetched files held now (fetch_bytes at most).
+  mutable absl::Mutex fetch_mu_;
+  mutable uint64_t fetch_held_ ABSL_GUARDED_BY(fetch_mu_) = 0;
 
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "integration/daemon_fixture.h"
@@ -74,6 +75,41 @@ TEST_CASE("with --remote, two nodes' checkpoints are committed in the remote tie
     CHECK(fs::exists(there / "g-0000000" / "node-0000001.manifest"));
     CHECK(fs::exists(there / "groups" / "g-0000000.manifests"));
   }
+}
+
+TEST_CASE("replacement nodes with empty disks restore the job from the remote tier alone, "
+          "resharded, every byte checked",
+          "[integration][remote]") {
+  TempDir remote;
+  const std::vector<std::string> flags = {"--remote", remote.path()};
+  const std::vector<std::string> saved_job = {
+      "--job", "job", "--nodes", "2", "--ranks-per-node", "2", "--replicas", "2",
+      "--layout", "uniform", "--tensors", "8", "--bytes-per-rank", std::to_string(2 << 20)};
+  {
+    Cluster first(2, flags);
+    std::vector<std::string> args = {LOADGEN_BINARY, "--socket", first.socket_template(),
+                                     "--saves", "2"};
+    args.insert(args.end(), saved_job.begin(), saved_job.end());
+    const ProcessResult run = RunProcess(args);
+    INFO(run.out);
+    REQUIRE(run.exit_code == 0);
+    REQUIRE(Appears(fs::path(remote.path()) / "job" / "step-00000002" / "COMMIT",
+                    std::chrono::seconds(60)));
+  }  // the first nodes and their disks are gone
+  Cluster replacement(2, flags);
+  REQUIRE(!fs::exists(fs::path(replacement.root()) / "job"));
+  // step-00000002 into 6 ranks (FSDP) over the two new nodes.
+  std::vector<std::string> args = {LOADGEN_BINARY, "--socket", replacement.socket_template(),
+                                   "--saves", "0", "--first-step", "3", "--restore",
+                                   "--load-ranks", "6"};
+  args.insert(args.end(), saved_job.begin(), saved_job.end());
+  const ProcessResult run = RunProcess(args);
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  CHECK(JsonField(run.out, "verified") == "true");
+  CHECK(JsonField(run.out, "restore_source") == "remote");
+  // Nothing was written to the new nodes' disks.
+  CHECK(!fs::exists(fs::path(replacement.root()) / "job"));
 }
 
 TEST_CASE("a daemon killed mid-upload resumes the upload when it starts again: the "
