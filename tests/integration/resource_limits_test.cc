@@ -468,11 +468,13 @@ TEST_CASE(
     "DefineLayout stops at the per-session and the daemon's layout budget, "
     "and the daemon's memory stays bounded",
     "[integration][resources]") {
-  // One 2048-item layout holds about 1.39 MB (LayoutBytes, as logged with
-  // --verbose): three fit a session (3.6 layouts' worth), five the daemon
-  // (5.5), with room either way for a slightly different estimate.
-  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(4980736),
-                        "--layout_bytes_total", std::to_string(7602176)});
+  // One 2048-item layout holds about 1.19 MB (LayoutBytes, as logged with
+  // --verbose), and DefineLayout first reserves its bound, ~1.37 MB: three
+  // fit a session (4.25 MiB: three and the bound of a fourth would need
+  // 4.93 MB), five the daemon (6.5 MiB: 6.11 MB for the fifth's bound, 7.3
+  // for a sixth's).
+  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(4456448),
+                        "--layout_bytes_total", std::to_string(6815744)});
   constexpr uint32_t kItems = 2048;
   constexpr uint64_t kItemBytes = 4096;
   void* memory = mmap(nullptr, kItems * kItemBytes, PROT_READ | PROT_WRITE,
@@ -514,14 +516,14 @@ TEST_CASE(
   CHECK(a_defined == 3);
   CHECK(absl::IsResourceExhausted(a_refusal));
   CHECK(absl::StrContains(a_refusal.message(),
-                          "--layout_bytes_per_session 4980736"));
+                          "--layout_bytes_per_session 4456448"));
 
   Trainer b = connect(1);
   const auto [b_defined, b_refusal] = define_until_refused(*b.client, b.items);
   INFO(b_refusal.ToString());
   CHECK(b_defined == 2);
   CHECK(absl::IsResourceExhausted(b_refusal));
-  CHECK(absl::StrContains(b_refusal.message(), "--layout_bytes_total 7602176"));
+  CHECK(absl::StrContains(b_refusal.message(), "--layout_bytes_total 6815744"));
 
   // Refused requests cost nothing that stays: a client that keeps asking
   // does not grow the daemon.
