@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -20,6 +21,7 @@
 #include "daemon/response_pages.h"
 #include "restore/verifier.h"
 #include "save/save_plan.h"
+#include "session/layout_bytes.h"
 #include "storage/durable_file.h"
 #include "storage/job_ownership.h"
 
@@ -327,24 +329,33 @@ grpc::ServerUnaryReactor* CkptdService::DefineLayout(
     grpc::CallbackServerContext* context,
     const v1::DefineLayoutRequest* request,
     v1::DefineLayoutResponse* response) {
-  return WithSession(c_, context, *request,
-                     [&](const std::shared_ptr<Session>& session) {
-                       // The layout will take at least its wire size: a
-                       // session or daemon already at its layout budget is
-                       // refused before the work of building one.
-                       absl::Status room =
-                           session->CheckLayoutRoom(request->ByteSizeLong());
-                       if (!room.ok()) return Finish(context, room);
-                       auto layout =
-                           PlanTensorLayout(*session, request->tensors(),
-                                            c_.options->max_items_per_save);
-                       if (!layout.ok()) {
-                         return Finish(context, layout.status());
-                       }
-                       auto id = session->AddLayout(*std::move(layout));
-                       if (id.ok()) response->set_layout_id(*id);
-                       return Finish(context, id.status());
-                     });
+  return WithSession(
+      c_, context, *request, [&](const std::shared_ptr<Session>& session) {
+        // Bounded before anything is built: its item count, then an upper
+        // bound of what the layout will hold (one pass over the request,
+        // no allocation), reserved from the session's and the daemon's
+        // layout budget. A layout that cannot fit is refused without being
+        // built, and a build in flight counts against the budget until
+        // AddLayout charges its real size instead.
+        const size_t items = static_cast<size_t>(request->tensors_size());
+        absl::Status status =
+            CheckTensorItemCount(items, c_.options->max_items_per_save);
+        if (!status.ok()) return Finish(context, status);
+        const uint64_t bound = LayoutBytesBound(request->tensors());
+        absl::StatusOr<LayoutBudget::Charge> reserved =
+            session->ReserveLayout(bound);
+        if (!reserved.ok()) {
+          return Finish(context,
+                        Annotate(reserved.status(),
+                                 absl::StrCat(items, " items")));
+        }
+        auto layout = PlanTensorLayout(*session, request->tensors(),
+                                       c_.options->max_items_per_save);
+        if (!layout.ok()) return Finish(context, layout.status());
+        auto id = session->AddLayout(*std::move(layout), *std::move(reserved));
+        if (id.ok()) response->set_layout_id(*id);
+        return Finish(context, id.status());
+      });
 }
 
 grpc::ServerUnaryReactor* CkptdService::Save(

@@ -19,7 +19,8 @@
 // Ownership: borrows the components, which outlive the server; the I/O
 // workers must outlive every call (the server shuts down first).
 // Thread-safety: handlers run concurrently on gRPC threads; the service
-// holds no state of its own besides the borrowed components.
+// holds no state of its own besides the borrowed components (its message
+// allocators are stateless).
 #pragma once
 
 #include <string>
@@ -30,6 +31,7 @@
 #include "storage/startup_recovery.h"
 #include "daemon/connection_listener.h"
 #include "daemon/daemon_options.h"
+#include "daemon/trimming_message_allocator.h"
 #include "io/io_workers.h"
 #include "io/staging_pool.h"
 #include "restore/loader.h"
@@ -67,7 +69,12 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     // Saves' GPU copies that outlived them (DaemonStatus).
     const AbandonedCopies* abandoned_copies = nullptr;
   };
-  explicit CkptdService(Components components) : c_(std::move(components)) {}
+  explicit CkptdService(Components components) : c_(std::move(components)) {
+    // The calls whose requests may carry up to --max_items_per_save items
+    // give their memory back once done (trimming_message_allocator.h).
+    SetMessageAllocatorFor_DefineLayout(&define_layout_messages_);
+    SetMessageAllocatorFor_Save(&save_messages_);
+  }
 
   grpc::ServerUnaryReactor* OpenSession(
       grpc::CallbackServerContext* context,
@@ -127,6 +134,11 @@ class CkptdService final : public v1::Ckptd::CallbackService {
                           absl::string_view job) const;
 
   const Components c_;
+  // Registered with gRPC above: they outlive the server, as the service
+  // does.
+  TrimmingMessageAllocator<v1::DefineLayoutRequest, v1::DefineLayoutResponse>
+      define_layout_messages_;
+  TrimmingMessageAllocator<v1::SaveRequest, v1::SaveResponse> save_messages_;
 };
 
 }  // namespace ckpt

@@ -186,6 +186,12 @@ absl::StatusOr<SafetensorsLayout> BuildSafetensorsLayout(
     json[i] = static_cast<char>((header_len >> (8 * i)) & 0xff);
   }
   json.append(layout.data_start - unpadded, ' ');
+  // A layout keeps its headers for the session's life (plan/tensor_layout.h)
+  // and the layout budget charges their capacity: the slack that growing
+  // the string left (up to its size again) would be memory held for
+  // nothing, and would double the bound the budget reserves for a header
+  // before it is built (session/layout_bytes.cc).
+  json.shrink_to_fit();
   return layout;
 }
 

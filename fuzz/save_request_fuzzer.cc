@@ -17,11 +17,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "ckpt/v1/control.pb.h"
 #include "common/names.h"
 #include "fuzz/fuzz_check.h"
 #include "fuzz/fuzz_session.h"
 #include "save/save_plan.h"
+#include "session/layout_bytes.h"
 #include "storage/checkpoint_store.h"
 
 namespace ckpt::fuzz {
@@ -75,12 +77,19 @@ void Submit(uint8_t shape, const v1::SaveRequest& request) {
   }
   if (request.layout_id() != 0 && request.tensors_size() > 0) return;
   // DefineLayout, then the save that names the layout: the same checks as a
-  // save with its items inline.
+  // save with its items inline. As the daemon does, the layout's bound is
+  // reserved first; whatever was built must be within it.
+  const uint64_t bound = LayoutBytesBound(request.tensors());
+  absl::StatusOr<LayoutBudget::Charge> reserved = session->ReserveLayout(bound);
+  if (!reserved.ok()) return;  // past the default budget: never built
   absl::StatusOr<std::shared_ptr<const TensorLayout>> layout =
       PlanTensorLayout(*session, request.tensors(), kMaxItems);
   if (!layout.ok()) return;
   CheckLayout(*session, **layout);
-  absl::StatusOr<uint64_t> id = session->AddLayout(*layout);
+  const uint64_t bytes = LayoutBytes(**layout);
+  FUZZ_CHECK(bytes <= bound, absl::StrCat("layout holds ", bytes,
+                                          " bytes, over its bound ", bound));
+  absl::StatusOr<uint64_t> id = session->AddLayout(*layout, *std::move(reserved));
   FUZZ_CHECK(id.ok(), id.status().ToString());
   absl::StatusOr<std::shared_ptr<const TensorLayout>> found = session->FindLayout(*id);
   FUZZ_CHECK(found.ok() && *found == *layout, found.status().ToString());

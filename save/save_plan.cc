@@ -8,6 +8,15 @@
 
 namespace ckpt {
 
+absl::Status CheckTensorItemCount(size_t count, uint32_t max_items) {
+  if (count > max_items) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request has ", count, " tensor items; the limit is ",
+                     max_items, " (--max_items_per_save)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
     const Session& session,
     const google::protobuf::RepeatedPtrField<v1::TensorItem>& tensors,
@@ -15,10 +24,7 @@ absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
   if (!session.opened()) {
     return absl::FailedPreconditionError("call OpenSession first");
   }
-  if (static_cast<uint64_t>(tensors.size()) > max_items) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request has ", tensors.size(), " tensor items; the limit is ", max_items));
-  }
+  RETURN_IF_ERROR(CheckTensorItemCount(static_cast<size_t>(tensors.size()), max_items));
   auto layout = std::make_shared<TensorLayout>();
   layout->items.reserve(tensors.size());
   layout->remote.reserve(tensors.size());

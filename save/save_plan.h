@@ -19,6 +19,10 @@
 
 namespace ckpt {
 
+// OK if a request of `count` tensor items is within `max_items`
+// (--max_items_per_save), else ResourceExhausted saying both.
+absl::Status CheckTensorItemCount(size_t count, uint32_t max_items);
+
 // Validates `tensors` against the session's regions and builds the layout.
 absl::StatusOr<std::shared_ptr<const TensorLayout>> PlanTensorLayout(
     const Session& session,

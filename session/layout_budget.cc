@@ -1,50 +1,9 @@
 #include "session/layout_budget.h"
 
-#include <string>
-
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace ckpt {
-namespace {
-
-// Heap bytes of a std::string (none while it fits the inline buffer).
-uint64_t HeapBytes(const std::string& s) {
-  return s.capacity() > 15 ? s.capacity() + 1 : 0;
-}
-
-template <typename T>
-uint64_t HeapBytes(const std::vector<T>& v) {
-  return v.capacity() * sizeof(T);
-}
-
-// What malloc adds to an item's heap blocks, which SpaceUsedLong does not
-// count: about six blocks per TensorItem (fqn, three shapes, the memory
-// reference, the replica ranks) at ~16 bytes each. With it the estimate
-// matches the measured growth: ~600 bytes per item of a 1,000,000-item
-// layout (LayoutBytes 596 MB; RSS +570 to +600 MB per further layout).
-constexpr uint64_t kMallocBytesPerItem = 96;
-
-}  // namespace
-
-uint64_t LayoutBytes(const TensorLayout& layout) {
-  uint64_t bytes =
-      sizeof(TensorLayout) + HeapBytes(layout.items) + HeapBytes(layout.remote);
-  // SpaceUsedLong counts the message itself too: HeapBytes(items) has it.
-  for (const v1::TensorItem& item : layout.items) {
-    bytes +=
-        item.SpaceUsedLong() - sizeof(v1::TensorItem) + kMallocBytesPerItem;
-  }
-  const RankPlan& plan = layout.plan;
-  bytes +=
-      HeapBytes(plan.files) + HeapBytes(plan.foreign) + HeapBytes(plan.sets);
-  for (const PlannedFile& f : plan.files) {
-    bytes += HeapBytes(f.name) + HeapBytes(f.replica_set) + HeapBytes(f.items) +
-             HeapBytes(f.layout.header) + HeapBytes(f.layout.data_offsets);
-  }
-  for (const ForeignChunk& c : plan.foreign) bytes += HeapBytes(c.file);
-  for (const ReplicaSetSummary& s : plan.sets) bytes += HeapBytes(s.ranks);
-  return bytes;
-}
 
 LayoutBudget::Charge::Charge(Charge&& other) noexcept
     : budget_(std::move(other.budget_)),
@@ -66,6 +25,20 @@ LayoutBudget::Charge& LayoutBudget::Charge::operator=(Charge&& other) noexcept {
 
 LayoutBudget::Charge::~Charge() { Release(); }
 
+absl::Status LayoutBudget::Charge::Resize(uint64_t bytes) {
+  if (budget_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "resizing a layout charge that holds no budget");
+  }
+  if (bytes < bytes_) {
+    budget_->Give(session_id_, bytes_ - bytes);
+  } else if (bytes > bytes_) {
+    RETURN_IF_ERROR(budget_->Take(session_id_, bytes - bytes_));
+  }
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
 void LayoutBudget::Charge::Release() {
   if (budget_ != nullptr) budget_->Give(session_id_, bytes_);
   budget_.reset();
@@ -84,21 +57,21 @@ absl::Status LayoutBudget::CheckRoomLocked(uint64_t session_id,
   if (bytes > limits_.per_session ||
       session_used > limits_.per_session - bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "a layout of ", bytes,
+        "a layout of up to ", bytes,
         " bytes does not fit the per-session layout budget "
         "(--layout_bytes_per_session ",
-        limits_.per_session, "): session ", session_id, "'s layouts hold ",
+        limits_.per_session, "): session ", session_id, "'s layouts (with those being built) hold ",
         session_used,
         " bytes; define fewer or smaller layouts, or raise the budget"));
   }
   if (bytes > limits_.total || used_ > limits_.total - bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("a layout of ", bytes,
+        absl::StrCat("a layout of up to ", bytes,
                      " bytes does not fit the daemon's layout budget "
                      "(--layout_bytes_total ",
                      limits_.total,
-                     "): the layouts of all sessions "
-                     "hold ",
+                     "): the layouts of all sessions (with those being "
+                     "built) hold ",
                      used_,
                      " bytes; try again once other sessions have ended, or "
                      "raise the budget"));
@@ -106,23 +79,18 @@ absl::Status LayoutBudget::CheckRoomLocked(uint64_t session_id,
   return absl::OkStatus();
 }
 
-absl::Status LayoutBudget::CheckRoom(uint64_t session_id,
-                                     uint64_t bytes) const {
-  absl::MutexLock lock(&mu_);
-  return CheckRoomLocked(session_id, bytes);
-}
-
 absl::StatusOr<LayoutBudget::Charge> LayoutBudget::Reserve(uint64_t session_id,
                                                            uint64_t bytes) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status room = CheckRoomLocked(session_id, bytes); !room.ok()) {
-      return room;
-    }
-    used_ += bytes;
-    by_session_[session_id] += bytes;
-  }
+  RETURN_IF_ERROR(Take(session_id, bytes));
   return Charge(shared_from_this(), session_id, bytes);
+}
+
+absl::Status LayoutBudget::Take(uint64_t session_id, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckRoomLocked(session_id, bytes));
+  used_ += bytes;
+  by_session_[session_id] += bytes;
+  return absl::OkStatus();
 }
 
 void LayoutBudget::Give(uint64_t session_id, uint64_t bytes) {

@@ -11,12 +11,16 @@
 // grew it by 2.2 GB. Without a bound one client could grow the daemon by
 // gigabytes.
 //
-// Each layout is charged, when the session adds it, LayoutBytes: its size
-// in memory as the daemon holds it. The charge counts against its session
-// and against the daemon, and RESOURCE_EXHAUSTED names the limit that a
-// layout would pass. The charge travels with the layout (Session hands out
-// aliasing pointers that own it), so it goes back exactly when the memory
-// does: once the session has ended and no save in flight uses the layout.
+// Before a layout is built, DefineLayout reserves LayoutBytesBound of its
+// request (session/layout_bytes.h), an upper bound of what it will hold,
+// so that a layout that cannot fit is refused without being built and
+// builds in flight count against the budget while they run. Once built,
+// the charge is resized to LayoutBytes, its size in memory as the daemon
+// holds it. The charge counts against its session and against the daemon,
+// and RESOURCE_EXHAUSTED names the limit that a layout would pass. The
+// charge travels with the layout (Session hands out aliasing pointers that
+// own it), so it goes back exactly when the memory does: once the session
+// has ended and no save in flight uses the layout.
 //
 // Ownership: shared (shared_ptr) by the session registry and every charge,
 // so charges may outlive the registry. Thread-safety: safe for concurrent
@@ -30,7 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "plan/tensor_layout.h"
+#include "session/layout_bytes.h"
 
 namespace ckpt {
 
@@ -47,10 +51,6 @@ struct LayoutLimits {
   uint64_t total = 1ull << 30;
 };
 
-// The memory `layout` holds: its items (TensorItem::SpaceUsedLong), their
-// addresses and its plan (file names, headers, offsets, replica sets).
-uint64_t LayoutBytes(const TensorLayout& layout);
-
 class LayoutBudget : public std::enable_shared_from_this<LayoutBudget> {
  public:
   // Bytes reserved for one layout, given back when destroyed. Move-only.
@@ -64,6 +64,11 @@ class LayoutBudget : public std::enable_shared_from_this<LayoutBudget> {
     ~Charge();
 
     uint64_t bytes() const { return bytes_; }
+    // Makes the charge `bytes`: less gives the difference back at once;
+    // more takes the difference if it fits (as Reserve would), else fails
+    // and leaves the charge as it was. A default-constructed charge has no
+    // budget to resize against (FailedPrecondition).
+    absl::Status Resize(uint64_t bytes);
 
    private:
     friend class LayoutBudget;
@@ -79,12 +84,9 @@ class LayoutBudget : public std::enable_shared_from_this<LayoutBudget> {
 
   static std::shared_ptr<LayoutBudget> Create(LayoutLimits limits);
 
-  // OK if `bytes` more fit session `session_id` and the daemon now, else
-  // ResourceExhausted naming the limit. A cheap test before the work of
-  // building a layout; Reserve decides.
-  absl::Status CheckRoom(uint64_t session_id, uint64_t bytes) const;
-  // Charges `bytes` to session `session_id` and the daemon, or fails as
-  // CheckRoom does (charging nothing).
+  // Charges `bytes` to session `session_id` and the daemon if they fit
+  // both now, else fails ResourceExhausted naming the limit (charging
+  // nothing).
   absl::StatusOr<Charge> Reserve(uint64_t session_id, uint64_t bytes);
 
   const LayoutLimits& limits() const { return limits_; }
@@ -96,6 +98,8 @@ class LayoutBudget : public std::enable_shared_from_this<LayoutBudget> {
   absl::Status CheckRoomLocked(uint64_t session_id, uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Give(uint64_t session_id, uint64_t bytes);
+  // Charges `bytes` more to `session_id`, or fails as Reserve does.
+  absl::Status Take(uint64_t session_id, uint64_t bytes);
 
   const LayoutLimits limits_;
 

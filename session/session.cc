@@ -252,14 +252,7 @@ Session::StagedReservation Session::ReserveStaged(const TensorLayout& layout) {
   return reservation;
 }
 
-absl::Status Session::CheckLayoutRoom(uint64_t bytes) const {
-  return layout_budget_->CheckRoom(id_, bytes);
-}
-
-absl::StatusOr<uint64_t> Session::AddLayout(
-    std::shared_ptr<const TensorLayout> layout) {
-  // Measured before the lock: it walks every item.
-  const uint64_t bytes = LayoutBytes(*layout);
+absl::Status Session::LayoutRoomLeft() const {
   {
     absl::MutexLock lock(&mu_);
     if (layouts_.size() >= kMaxLayoutsPerSession) {
@@ -271,7 +264,28 @@ absl::StatusOr<uint64_t> Session::AddLayout(
     return absl::FailedPreconditionError(
         absl::StrCat("session ", id_, " has ended"));
   }
-  ASSIGN_OR_RETURN(LayoutBudget::Charge charge, layout_budget_->Reserve(id_, bytes));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayoutBudget::Charge> Session::ReserveLayout(uint64_t bytes) {
+  RETURN_IF_ERROR(LayoutRoomLeft());
+  return layout_budget_->Reserve(id_, bytes);
+}
+
+absl::StatusOr<uint64_t> Session::AddLayout(
+    std::shared_ptr<const TensorLayout> layout) {
+  ASSIGN_OR_RETURN(LayoutBudget::Charge charge,
+                   ReserveLayout(LayoutBytes(*layout)));
+  return AddLayout(std::move(layout), std::move(charge));
+}
+
+absl::StatusOr<uint64_t> Session::AddLayout(
+    std::shared_ptr<const TensorLayout> layout, LayoutBudget::Charge reserved) {
+  // Measured before any lock: it walks every item.
+  const uint64_t bytes = LayoutBytes(*layout);
+  RETURN_IF_ERROR(LayoutRoomLeft());
+  LayoutBudget::Charge charge = std::move(reserved);
+  RETURN_IF_ERROR(charge.Resize(bytes));
   // The charge lives as long as the layout's memory: every copy of the
   // pointer handed out (FindLayout, to saves) shares ownership of both.
   struct Charged {

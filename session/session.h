@@ -113,13 +113,21 @@ class Session {
   // The peer address of `ref`, after checking it lies inside its region.
   absl::StatusOr<uint64_t> Resolve(const v1::MemoryRef& ref) const;
 
-  // OK if a layout of about `bytes` would fit the layout budget now
-  // (LayoutBudget::CheckRoom): DefineLayout asks before it builds one.
-  absl::Status CheckLayoutRoom(uint64_t bytes) const;
-  // Keeps a validated layout for later saves, charging LayoutBytes of it to
-  // the layout budget (ResourceExhausted, naming the limit, if it does not
-  // fit); returns its id (from 1). The charge goes back when the session
-  // has ended and no save uses the layout any more.
+  // Reserves `bytes` of the layout budget for a layout about to be built
+  // (DefineLayout reserves LayoutBytesBound of its request), so that a
+  // layout that cannot fit is refused before the work and memory of
+  // building it, and builds in flight count against the budget. Fails
+  // ResourceExhausted naming the limit, or if the session has its
+  // kMaxLayoutsPerSession layouts; FailedPrecondition once it has ended.
+  absl::StatusOr<LayoutBudget::Charge> ReserveLayout(uint64_t bytes);
+  // Keeps a validated layout for later saves; returns its id (from 1).
+  // `reserved` (from ReserveLayout) becomes LayoutBytes of the layout: the
+  // difference goes back, or, if the layout came out larger than reserved,
+  // is taken if it fits (else ResourceExhausted). The charge goes back when
+  // the session has ended and no save uses the layout any more.
+  absl::StatusOr<uint64_t> AddLayout(std::shared_ptr<const TensorLayout> layout,
+                                     LayoutBudget::Charge reserved);
+  // As above, reserving LayoutBytes of the layout now.
   absl::StatusOr<uint64_t> AddLayout(std::shared_ptr<const TensorLayout> layout);
   absl::StatusOr<std::shared_ptr<const TensorLayout>> FindLayout(uint64_t id) const;
 
@@ -171,6 +179,10 @@ class Session {
   mutable absl::Mutex mu_;
   std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const TensorLayout>> layouts_ ABSL_GUARDED_BY(mu_);
+
+  // OK while the session may add a layout: it has fewer than
+  // kMaxLayoutsPerSession and has not ended.
+  absl::Status LayoutRoomLeft() const ABSL_LOCKS_EXCLUDED(mu_);
 };
 
 // Accepts handshakes and tracks live sessions.

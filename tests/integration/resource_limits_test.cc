@@ -97,19 +97,32 @@ double CpuSeconds(pid_t pid) {
          static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-uint64_t RssBytes(pid_t pid) {
+// A size field of /proc/<pid>/status ("VmRSS", "VmHWM"), in bytes.
+uint64_t StatusBytes(pid_t pid, absl::string_view field) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  const std::string prefix = absl::StrCat(field, ":");
   std::string line;
   while (std::getline(in, line)) {
-    if (!absl::StartsWith(line, "VmRSS:")) continue;
+    if (!absl::StartsWith(line, prefix)) continue;
     uint64_t kb = 0;
-    std::string value(
-        absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(6)), " kB"));
+    std::string value(absl::StripSuffix(
+        absl::StripAsciiWhitespace(line.substr(prefix.size())), " kB"));
     REQUIRE(absl::SimpleAtoi(value, &kb));
     return kb * 1024;
   }
-  FAIL("no VmRSS in /proc/" << pid << "/status");
+  FAIL("no " << field << " in /proc/" << pid << "/status");
   return 0;
+}
+
+uint64_t RssBytes(pid_t pid) { return StatusBytes(pid, "VmRSS"); }
+
+// Starts VmHWM of `pid` over from its RSS now (proc(5), clear_refs "5"), so
+// a peak measured later is the peak of what happened in between.
+void ResetPeakRss(pid_t pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/clear_refs");
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  REQUIRE(fd.valid());
+  REQUIRE(::write(fd.get(), "5", 1) == 1);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -468,11 +481,13 @@ TEST_CASE(
     "DefineLayout stops at the per-session and the daemon's layout budget, "
     "and the daemon's memory stays bounded",
     "[integration][resources]") {
-  // One 2048-item layout holds about 1.39 MB (LayoutBytes, as logged with
-  // --verbose): three fit a session (3.6 layouts' worth), five the daemon
-  // (5.5), with room either way for a slightly different estimate.
-  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(4980736),
-                        "--layout_bytes_total", std::to_string(7602176)});
+  // One 2048-item layout holds about 1.19 MB (LayoutBytes, as logged with
+  // --verbose), and DefineLayout first reserves its bound, ~1.37 MB: three
+  // fit a session (4.25 MiB: three and the bound of a fourth would need
+  // 4.93 MB), five the daemon (6.5 MiB: 6.11 MB for the fifth's bound, 7.3
+  // for a sixth's).
+  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(4456448),
+                        "--layout_bytes_total", std::to_string(6815744)});
   constexpr uint32_t kItems = 2048;
   constexpr uint64_t kItemBytes = 4096;
   void* memory = mmap(nullptr, kItems * kItemBytes, PROT_READ | PROT_WRITE,
@@ -514,14 +529,14 @@ TEST_CASE(
   CHECK(a_defined == 3);
   CHECK(absl::IsResourceExhausted(a_refusal));
   CHECK(absl::StrContains(a_refusal.message(),
-                          "--layout_bytes_per_session 4980736"));
+                          "--layout_bytes_per_session 4456448"));
 
   Trainer b = connect(1);
   const auto [b_defined, b_refusal] = define_until_refused(*b.client, b.items);
   INFO(b_refusal.ToString());
   CHECK(b_defined == 2);
   CHECK(absl::IsResourceExhausted(b_refusal));
-  CHECK(absl::StrContains(b_refusal.message(), "--layout_bytes_total 7602176"));
+  CHECK(absl::StrContains(b_refusal.message(), "--layout_bytes_total 6815744"));
 
   // Refused requests cost nothing that stays: a client that keeps asking
   // does not grow the daemon.
@@ -535,6 +550,139 @@ TEST_CASE(
   CHECK(Eventually([&] { return b.client->DefineLayout(b.items).ok(); },
                    seconds(10)));
   munmap(memory, kItems * kItemBytes);
+}
+
+// `ranks` trainers of one job on `daemon`, each with one 4 KiB host region
+// (`memory`), and `items` one-page items of that region, whose last one
+// repeats the first one's fqn if `duplicate_last`.
+struct LayoutClients {
+  std::vector<std::unique_ptr<Client>> clients;
+  google::protobuf::RepeatedPtrField<v1::TensorItem> items;
+  // What one request holds in the daemon while it is answered: its bytes
+  // as received and its parsed message.
+  uint64_t request_bytes = 0;
+};
+
+LayoutClients ConnectLayoutClients(const DaemonProcess& daemon, uint32_t ranks,
+                                   std::vector<char>& memory, uint32_t items,
+                                   bool duplicate_last) {
+  LayoutClients out;
+  uint64_t region = 0;
+  for (uint32_t rank = 0; rank < ranks; ++rank) {
+    auto client = Client::Connect({.socket = daemon.socket(),
+                                   .job = "big-layouts",
+                                   .rank = rank,
+                                   .world_size = ranks});
+    REQUIRE(client.ok());
+    auto id = (*client)->RegisterRegion(memory.data(), memory.size());
+    REQUIRE(id.ok());
+    region = *id;  // the first region of every session has the same id
+    out.clients.push_back(*std::move(client));
+  }
+  for (uint32_t i = 0; i < items; ++i) {
+    const uint32_t name = duplicate_last && i + 1 == items ? 0 : i;
+    *out.items.Add() = MatrixItem(
+        absl::StrCat("model.layers.", name, ".mlp.weight"), 4096, region, 0);
+  }
+  v1::DefineLayoutRequest request;
+  *request.mutable_tensors() = out.items;
+  out.request_bytes = request.ByteSizeLong() + request.SpaceUsedLong();
+  return out;
+}
+
+// Every client defines the layout at once; returns what each got.
+std::vector<absl::Status> DefineAtOnce(LayoutClients& c) {
+  std::vector<absl::Status> results(c.clients.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < c.clients.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = c.clients[i]->DefineLayout(c.items).status(); });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+TEST_CASE(
+    "concurrent DefineLayouts past the layout budget are refused before they "
+    "are built, and the daemon's memory comes back",
+    "[integration][resources]") {
+  // Four ranks each ask at once for a layout of 60,000 one-page items: ~36
+  // MB built (~600 bytes an item), over twice the per-session budget. The
+  // requests themselves are ~3.5 MB on the wire and ~19 MB parsed, and the
+  // daemon holds them while it answers; what it must not do is build the
+  // layouts too. Before the fix each was built, then refused: RSS went
+  // from 87 MB to a 285 MB peak, and 232 MB stayed.
+  constexpr uint64_t kPerSession = 16ull << 20;
+  constexpr uint64_t kTotal = 32ull << 20;
+  constexpr uint32_t kRanks = 4;
+  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(kPerSession),
+                        "--layout_bytes_total", std::to_string(kTotal)});
+  std::vector<char> memory(4096);
+  LayoutClients c = ConnectLayoutClients(daemon, kRanks, memory, 60000, false);
+
+  const uint64_t rss_before = RssBytes(daemon.pid());
+  ResetPeakRss(daemon.pid());
+  const std::vector<absl::Status> refusals = DefineAtOnce(c);
+  const uint64_t peak = StatusBytes(daemon.pid(), "VmHWM");
+  for (const absl::Status& refusal : refusals) {
+    INFO(refusal.ToString());
+    CHECK(absl::IsResourceExhausted(refusal));
+    CHECK(absl::StrContains(refusal.message(), "a layout of up to"));
+    CHECK(absl::StrContains(refusal.message(), "--layout_bytes_per_session"));
+  }
+  // The peak: the requests, plus at most the daemon's layout budget for
+  // builds in flight (none here), plus slack for gRPC's own buffers.
+  INFO("RSS " << rss_before << " before, peak " << peak << ", requests "
+              << kRanks << " x " << c.request_bytes);
+  CHECK(peak < rss_before + kRanks * c.request_bytes + kTotal + (16ull << 20));
+  // And what the refused requests took is given back.
+  uint64_t rss_after = 0;
+  CHECK(Eventually(
+      [&] {
+        rss_after = RssBytes(daemon.pid());
+        return rss_after < rss_before + (16ull << 20);
+      },
+      seconds(3)));
+  INFO("RSS after " << rss_after);
+  CHECK(rss_after < rss_before + (16ull << 20));
+}
+
+TEST_CASE(
+    "concurrent DefineLayouts that fail once built hold no more than the "
+    "layout budget at their peak, and give their memory back",
+    "[integration][resources]") {
+  // Each of the four requests fits the per-session budget, but only three
+  // fit the daemon's at once: a build in flight holds its bound until it
+  // ends. Each that is built fails at its last item (a repeated fqn), after
+  // copying the others.
+  constexpr uint64_t kPerSession = 64ull << 20;
+  constexpr uint64_t kTotal = 128ull << 20;
+  constexpr uint32_t kRanks = 4;
+  DaemonProcess daemon({"--layout_bytes_per_session", std::to_string(kPerSession),
+                        "--layout_bytes_total", std::to_string(kTotal)});
+  std::vector<char> memory(4096);
+  LayoutClients c = ConnectLayoutClients(daemon, kRanks, memory, 60000, true);
+
+  const uint64_t rss_before = RssBytes(daemon.pid());
+  ResetPeakRss(daemon.pid());
+  const std::vector<absl::Status> failures = DefineAtOnce(c);
+  const uint64_t peak = StatusBytes(daemon.pid(), "VmHWM");
+  for (const absl::Status& failure : failures) {
+    INFO(failure.ToString());
+    CHECK((absl::IsInvalidArgument(failure) || absl::IsResourceExhausted(failure)));
+  }
+  INFO("RSS " << rss_before << " before, peak " << peak << ", requests "
+              << kRanks << " x " << c.request_bytes);
+  CHECK(peak < rss_before + kRanks * c.request_bytes + kTotal + (16ull << 20));
+  uint64_t rss_after = 0;
+  CHECK(Eventually(
+      [&] {
+        rss_after = RssBytes(daemon.pid());
+        return rss_after < rss_before + (16ull << 20);
+      },
+      seconds(3)));
+  INFO("RSS after " << rss_after);
+  CHECK(rss_after < rss_before + (16ull << 20));
 }
 
 }  // namespace ckpt::testing

@@ -55,14 +55,14 @@ TEST_CASE(
   CHECK(absl::IsResourceExhausted(too_much.status()));
   CHECK(absl::StrContains(
       too_much.status().message(),
-      "--layout_bytes_per_session 100): session 1's layouts hold 60"));
+      "--layout_bytes_per_session 100): session 1's layouts (with those being built) hold 60"));
   auto b = budget->Reserve(2, 80);
   REQUIRE(b.ok());
   auto over_total = budget->Reserve(2, 20);
   CHECK(absl::IsResourceExhausted(over_total.status()));
   CHECK(absl::StrContains(
       over_total.status().message(),
-      "--layout_bytes_total 150): the layouts of all sessions hold 140"));
+      "--layout_bytes_total 150): the layouts of all sessions (with those being built) hold 140"));
   // Sizes near the top of uint64_t are refused, not wrapped into room.
   CHECK(!budget->Reserve(3, std::numeric_limits<uint64_t>::max()).ok());
   CHECK(budget->used() == 140);
@@ -123,8 +123,61 @@ TEST_CASE("a layout past a session's budget is refused and charges nothing",
   CHECK(absl::StrContains(second.status().message(),
                           "--layout_bytes_per_session"));
   CHECK(budget->used() == used);
-  CHECK(absl::IsResourceExhausted(session->CheckLayoutRoom(1 << 20)));
-  CHECK(session->CheckLayoutRoom(1024).ok());
+  CHECK(absl::IsResourceExhausted(session->ReserveLayout(1 << 20).status()));
+  CHECK(budget->used() == used);
+  {
+    absl::StatusOr<LayoutBudget::Charge> small = session->ReserveLayout(1024);
+    CHECK(small.ok());
+    CHECK(budget->used() == used + 1024);
+  }
+  CHECK(budget->used() == used);
+}
+
+TEST_CASE(
+    "a charge resized down gives the difference back, and resized up takes "
+    "it only if it fits",
+    "[layout_budget]") {
+  auto budget = LayoutBudget::Create({.per_session = 100, .total = 150});
+  absl::StatusOr<LayoutBudget::Charge> charge = budget->Reserve(1, 90);
+  REQUIRE(charge.ok());
+  REQUIRE(charge->Resize(40).ok());
+  CHECK(charge->bytes() == 40);
+  CHECK(budget->used_by(1) == 40);
+  const absl::Status too_much = charge->Resize(101);
+  CHECK(absl::IsResourceExhausted(too_much));
+  CHECK(absl::StrContains(too_much.message(), "--layout_bytes_per_session 100"));
+  CHECK(charge->bytes() == 40);
+  CHECK(budget->used() == 40);
+  REQUIRE(charge->Resize(100).ok());
+  CHECK(budget->used() == 100);
+  CHECK(!LayoutBudget::Charge().Resize(1).ok());
+}
+
+TEST_CASE(
+    "a layout added with the bound reserved for it is charged its real size; "
+    "reservations of builds in flight count against the budget",
+    "[layout_budget]") {
+  auto budget =
+      LayoutBudget::Create({.per_session = 4 << 20, .total = 5 << 20});
+  auto a = OpenOwnProcessSession({.session_id = 9, .layouts = budget});
+  auto b = OpenOwnProcessSession({.session_id = 10, .layouts = budget});
+  std::vector<char> memory(4096);
+  const uint64_t region = RegisterHostRegion(*a, memory.data(), memory.size());
+
+  // A build in flight in session a holds 3 MiB of the daemon's 5: b cannot
+  // reserve 3 MiB more until it is done.
+  absl::StatusOr<LayoutBudget::Charge> in_flight = a->ReserveLayout(3 << 20);
+  REQUIRE(in_flight.ok());
+  const absl::StatusOr<LayoutBudget::Charge> refused = b->ReserveLayout(3 << 20);
+  CHECK(absl::IsResourceExhausted(refused.status()));
+  CHECK(absl::StrContains(refused.status().message(), "--layout_bytes_total"));
+
+  std::shared_ptr<TensorLayout> layout = LayoutOf(1000, region);
+  const uint64_t bytes = LayoutBytes(*layout);
+  REQUIRE(bytes < (3u << 20));
+  REQUIRE(a->AddLayout(std::move(layout), *std::move(in_flight)).ok());
+  CHECK(budget->used() == bytes);
+  CHECK(b->ReserveLayout(3 << 20).ok());
 }
 
 }  // namespace ckpt
