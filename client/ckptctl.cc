@@ -106,6 +106,18 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
       for (const std::string& line : *lines) absl::StrAppend(&out, "  ", what, " ", line, "\n");
     }
   }
+  if (!s.remote().empty()) {
+    // The remote tier's uploads: what is waiting, what runs, how the recent
+    // ones ended (a failure names the node, the object and the server).
+    absl::StrAppend(&out, "remote tier ", s.remote(), "\n");
+    for (const ckpt::v1::RemoteUpload& u : s.remote_uploads()) {
+      absl::StrAppendFormat(&out, "  %s/%s  %-10s %s %s of %s, %u of %u files%s%s\n", u.job(),
+                            u.checkpoint(), u.state(), Bar(u.bytes_uploaded(), u.bytes_total(), 20),
+                            Bytes(u.bytes_uploaded()), Bytes(u.bytes_total()),
+                            u.files_uploaded(), u.files_total(), u.error().empty() ? "" : ": ",
+                            u.error());
+    }
+  }
   if (s.saves().empty()) return out + "no saves in flight\n";
   for (const auto& p : s.saves()) {
     const double elapsed =

@@ -253,7 +253,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   CkptdService service({&options, sessions.get(), saves.get(), loader.get(), &store,
                         pool.get(), workers.get(), &tier, workers->backend(),
                         gpu->name(), &leases, connections.get(), &policy, &recovery,
-                        &gpu->abandoned()});
+                        &gpu->abandoned(), remote.get()});
   // Prometheus metrics for node_exporter (daemon/metrics_writer.h); none
   // without --metrics_file.
   DaemonMetrics::Get().MarkStarted(CKPT_VERSION);

@@ -37,6 +37,7 @@
 #include "restore/loader.h"
 #include "save/save_coordinator.h"
 #include "session/abandoned_copies.h"
+#include "storage/remote_tier.h"
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
@@ -68,6 +69,8 @@ class CkptdService final : public v1::Ckptd::CallbackService {
     const StartupRecovery* recovery = nullptr;
     // Saves' GPU copies that outlived them (DaemonStatus).
     const AbandonedCopies* abandoned_copies = nullptr;
+    // The remote tier's uploads (DaemonStatus); null without --remote.
+    const RemoteTier* remote = nullptr;
   };
   explicit CkptdService(Components components) : c_(std::move(components)) {
     // The calls whose requests may carry up to --max_items_per_save items

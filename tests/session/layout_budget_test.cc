@@ -154,7 +154,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a layout added with the bound reserved for it is charged its real size; "
+    "a layout added with the bound reserved for it is charged its real size, and "
     "reservations of builds in flight count against the budget",
     "[layout_budget]") {
   auto budget =

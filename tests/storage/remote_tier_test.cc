@@ -174,7 +174,7 @@ TEST_CASE("the local checkpoint is leased while its upload runs, and the upload 
 }
 
 TEST_CASE("a server that refuses the upload fails it at once, naming the node, the object "
-          "and the server's answer; nothing is committed and the lease is released",
+          "and the server's answer, and nothing is committed and the lease is released",
           "[remote_tier]") {
   LocalCheckpoint local(1);
   auto remote = std::make_shared<DeniedStore>();
