@@ -24,7 +24,8 @@ namespace {
   X(layout_bytes_total) X(load_plan_bytes) X(node_id) X(nodes)                 \
   X(commit_timeout_ms) X(local_ranks_timeout_ms) X(load_batch_ms)              \
   X(drain_timeout_ms) X(keep_last) X(keep_in_memory_bytes) X(gpu)              \
-  X(gpu_copy_timeout_ms) X(log_level) X(metrics_file) X(metrics_interval_ms)
+  X(gpu_copy_timeout_ms) X(gpu_pool_share_percent) X(log_level) X(metrics_file) \
+  X(metrics_interval_ms)
 
 // Collects the parser's complaints with their place: the tokenizer counts
 // lines and columns from 0, editors from 1.
