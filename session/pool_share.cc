@@ -34,10 +34,18 @@ std::shared_ptr<PoolShare> PoolShare::OfPool(uint64_t pool_buffers, uint32_t per
 absl::StatusOr<PoolShare::Claim> PoolShare::Take(const std::shared_ptr<PoolShare>& share,
                                                  absl::Duration wait) {
   PoolShare& s = *share;
-  {
-    absl::MutexLock lock(&s.mu_);
-    auto has_room = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) { return s.held_ < s.limit_; };
-    if (!s.mu_.AwaitWithTimeout(absl::Condition(&has_room), wait)) {
+  absl::MutexLock lock(&s.mu_);
+  // `wait` runs from the last buffer given back, not from the call: while
+  // the session's other saves make progress (their copies end), a save
+  // that waits for room is not failed, even if they keep taking it first.
+  for (;;) {
+    const uint64_t gives = s.gives_;
+    auto room_or_give = [&s, gives]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu_) {
+      return s.held_ < s.limit_ || s.gives_ != gives;
+    };
+    const bool woke = s.mu_.AwaitWithTimeout(absl::Condition(&room_or_give), wait);
+    if (s.held_ < s.limit_) break;
+    if (!woke) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this session's GPU copies that have not ended hold ", s.held_, " of the pool's ",
           s.pool_buffers_, " staging buffers, the most one session may (",
@@ -45,8 +53,8 @@ absl::StatusOr<PoolShare::Claim> PoolShare::Take(const std::shared_ptr<PoolShare
           absl::FormatDuration(wait), " (its trainer's stream has not reached the ready "
           "event of an earlier save?)"));
     }
-    ++s.held_;
   }
+  ++s.held_;
   return Claim(share, 1);
 }
 
@@ -70,6 +78,7 @@ std::string PoolShare::Describe() const {
 void PoolShare::Give(uint64_t buffers) {
   absl::MutexLock lock(&mu_);
   held_ -= std::min(held_, buffers);
+  ++gives_;
 }
 
 }  // namespace ckpt

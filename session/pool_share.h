@@ -11,7 +11,8 @@
 // window (ShardWriter, through CopyOutBatch::ClaimBuffer), and drops it once
 // that window's copies are known to have ended. A window beyond the share
 // waits for the save's own oldest window; a save with none waits for the
-// session's other saves up to the copy timeout, then fails naming the bound.
+// session's other saves, and fails naming the bound once none of the
+// session's copies ended for the copy timeout.
 // Buffers handed to AbandonedCopies stay claimed until their copies end, so
 // a trainer that fails save after save cannot take more than its share
 // either.
@@ -64,8 +65,9 @@ class PoolShare {
   // The share of a pool of `pool_buffers` buffers at `percent` (1..100).
   static std::shared_ptr<PoolShare> OfPool(uint64_t pool_buffers, uint32_t percent);
 
-  // One buffer, once the share has room, waiting at most `wait` for it;
-  // ResourceExhausted naming the bound after that.
+  // One buffer, once the share has room; ResourceExhausted naming the
+  // bound once `wait` passed with no buffer of the share given back (the
+  // session's copies make no progress: its trainer's stream is stuck).
   static absl::StatusOr<Claim> Take(const std::shared_ptr<PoolShare>& share,
                                     absl::Duration wait);
   // `buffers` buffers now, over the limit if need be: for buffers already
@@ -87,6 +89,8 @@ class PoolShare {
 
   mutable absl::Mutex mu_;
   uint64_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t gives_ ABSL_GUARDED_BY(mu_) = 0;  // Give calls so far
+
 };
 
 }  // namespace ckpt

@@ -284,10 +284,30 @@ TEST_CASE("PoolShare lends at most its limit, at least one buffer, and takes "
   c = PoolShare::Take(share, absl::Seconds(10));
   ender.join();
   CHECK(c.ok());
-  PoolShare::Claim moved = *std::move(c);
-  CHECK(share->held() == 2);
+  // The wait runs from the last buffer given back: a waiter is not failed
+  // while the session's copies keep ending, even if the session's other
+  // save takes the room again first each time.
+  {
+    PoolShare::Claim other = *std::move(c);  // with `b`: the share is full
+    const absl::Duration churn_for = absl::Milliseconds(300);
+    std::thread churn([&] {
+      for (const absl::Time end = absl::Now() + churn_for; absl::Now() < end;) {
+        absl::SleepFor(absl::Milliseconds(10));
+        other.Reset();
+        other = PoolShare::Force(share, 1);
+      }
+    });
+    const absl::Time start = absl::Now();
+    absl::StatusOr<PoolShare::Claim> waiter = PoolShare::Take(share, absl::Milliseconds(50));
+    const absl::Duration waited = absl::Now() - start;
+    churn.join();
+    INFO("waited " << absl::FormatDuration(waited));
+    CHECK((waiter.ok() || waited >= churn_for));
+  }
+  CHECK(share->held() == 1);  // `b`
+  PoolShare::Claim moved = *std::move(b);
+  CHECK(share->held() == 1);
   moved = PoolShare::Claim();
-  b->Reset();
   CHECK(share->held() == 0);
 }
 
