@@ -32,7 +32,8 @@ void AbandonedCopies::Adopt(Batch batch) {
   Watched w{.batch = std::move(batch),
             .fences = {},
             .adopted = absl::Now(),
-            .ready_completed = absl::InfiniteFuture()};
+            .trainer_exited = absl::InfiniteFuture(),
+            .ready_completed = false};
   // Everything the batch enqueued is before these fences.
   for (auto& stream : w.batch.streams) {
     absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
@@ -115,33 +116,37 @@ AbandonedCopies::Outcome AbandonedCopies::Look(Watched& w) {
             " GPU regions are let go");
     return Outcome::kEnded;
   }
-  if (w.ready_completed == absl::InfiniteFuture()) {
-    bool exited = false;
-    if (w.batch.trainer_pidfd.valid()) {
-      const absl::Status alive = PidfdAlive(w.batch.trainer_pidfd.get(), w.batch.trainer_pid);
-      exited = absl::IsUnavailable(alive);
-      if (!alive.ok() && !exited) LogWarning(w.batch.what, ": ", alive.ToString());
+  if (w.trainer_exited == absl::InfiniteFuture() && w.batch.trainer_pidfd.valid()) {
+    const absl::Status alive = PidfdAlive(w.batch.trainer_pidfd.get(), w.batch.trainer_pid);
+    if (absl::IsUnavailable(alive)) {
+      w.trainer_exited = now;
+    } else if (!alive.ok()) {
+      LogWarning(w.batch.what, ": ", alive.ToString());
     }
-    if (!exited && now < w.batch.ready_deadline) return Outcome::kRunning;
-    // Nothing will ever reach the dead trainer's records, or the live
-    // trainer's save is lost already: reach them here.
-    w.ready_completed = now;
-    if (!CompleteReadyWaits(w, exited ? "the trainer exited"
-                                      : "the trainer's stream did not reach the save's "
-                                        "ready event within the copy timeout")) {
-      return Outcome::kKeepForGood;
-    }
-    return Outcome::kRunning;
   }
-  if (now - w.ready_completed > grace_) {
+  const bool exited = w.trainer_exited != absl::InfiniteFuture();
+  if (!exited && now < w.batch.ready_deadline) return Outcome::kRunning;
+  // Nothing will ever reach the dead trainer's records, or the live
+  // trainer's save is lost already: reach them here. Again at every look:
+  // a live trainer's stream that reaches an earlier record of its own
+  // writes `completed` back below ours (a plain write on CUDA), and a wait
+  // that had not yet seen ours would wait for the trainer once more.
+  const char* why = exited ? "the trainer exited"
+                           : "the trainer's stream did not reach the save's ready event "
+                             "within the copy timeout";
+  if (!CompleteReadyWaits(w, why, /*log=*/!w.ready_completed)) return Outcome::kKeepForGood;
+  w.ready_completed = true;
+  // A live trainer's copies are watched as long as it lives: they hold at
+  // most its session's share of the pool (session/pool_share.h).
+  if (exited && now - w.trainer_exited > grace_) {
     LogError(w.batch.what, ": its GPU copies did not end within ",
-             absl::FormatDuration(grace_), " of their ready events' completion");
+             absl::FormatDuration(grace_), " of the trainer's exit");
     return Outcome::kKeepForGood;
   }
   return Outcome::kRunning;
 }
 
-bool AbandonedCopies::CompleteReadyWaits(Watched& w, absl::string_view why) {
+bool AbandonedCopies::CompleteReadyWaits(Watched& w, absl::string_view why, bool log) {
   for (const ReadyWait& wait : w.batch.ready_waits) {
     const absl::Status completed = wait.event->CompleteThrough(wait.record);
     if (!completed.ok()) {
@@ -150,8 +155,10 @@ bool AbandonedCopies::CompleteReadyWaits(Watched& w, absl::string_view why) {
       return false;
     }
   }
-  LogInfo(w.batch.what, ": ", why, "; its ready events are completed up to the records "
-          "the copies wait for, so the copies queued behind them run now");
+  if (log) {
+    LogInfo(w.batch.what, ": ", why, "; its ready events are completed up to the records "
+            "the copies wait for, so the copies queued behind them run now");
+  }
   return true;
 }
 

@@ -24,11 +24,14 @@
 //      waits; the queued copies then run, from allocations the mappings
 //      keep alive, into buffers nobody else has, and end: then 1. A live
 //      trainer's next save waits for a later record, which this does not
-//      complete;
+//      complete. Done again at every look until the copies end: a live
+//      trainer's stream may write `completed` back below those records;
 //   3. a fence that fails, or copies that still do not end `grace` after
-//      2: kept for the daemon's life, the buffers withheld from the pool
-//      (StagingLease::Withhold) and the regions quarantined
+//      the trainer exited: kept for the daemon's life, the buffers withheld
+//      from the pool (StagingLease::Withhold) and the regions quarantined
 //      (QuarantineRegions), as everything was before this object existed.
+//      A live trainer's copies are watched as long as it lives (they hold
+//      at most its session's share of the pool).
 // A job's usual answer to a hung step, killing every rank and starting
 // again, thus gives the pool its buffers back and the dead trainer's GPU
 // memory back to the device within a poll, instead of holding both until
@@ -113,17 +116,17 @@ class AbandonedCopies {
     Batch batch;
     std::vector<std::unique_ptr<GpuFence>> fences;  // one per stream
     absl::Time adopted;
-    // When the ready events were completed here (2 above).
-    absl::Time ready_completed = absl::InfiniteFuture();
+    absl::Time trainer_exited = absl::InfiniteFuture();
+    bool ready_completed = false;  // here, at least once (2 above)
   };
   enum class Outcome { kRunning, kEnded, kKeepForGood };
 
   void Run();
   // One look at `w` (see the file comment); logs what it decides.
   Outcome Look(Watched& w);
-  // Completes `w`'s ready events up to its waits' records (2 above); false
-  // (logged) if one could not be.
-  static bool CompleteReadyWaits(Watched& w, absl::string_view why);
+  // Completes `w`'s ready events up to its waits' records (2 above),
+  // logging it if `log`; false (logged) if one could not be.
+  static bool CompleteReadyWaits(Watched& w, absl::string_view why, bool log);
   // Withholds the buffers and quarantines the regions (3 above).
   static void KeepForGood(Watched w);
 

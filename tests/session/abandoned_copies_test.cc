@@ -119,6 +119,8 @@ class ReadyPage {
   uint64_t completed() const { return std::atomic_ref<uint64_t>(words_[1]).load(); }
   // The lie: no record was ever made.
   void RewindRecorded() { std::atomic_ref<uint64_t>(words_[0]).store(0); }
+  // What a CUDA stream's plain write of an earlier record does.
+  void SetCompleted(uint64_t value) { std::atomic_ref<uint64_t>(words_[1]).store(value); }
 
  private:
   uint64_t* words_ = nullptr;
@@ -343,6 +345,55 @@ TEST_CASE("a live trainer whose stream never reaches the save's ready event "
   CHECK(page.recorded() == 2);
   absl::SleepFor(absl::Milliseconds(50));
   CHECK(page.completed() == 1);
+}
+
+TEST_CASE("a live trainer's ready event is completed again at every look while "
+          "the lost save's copies wait, so a stream that writes it back cannot "
+          "hold them",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;  // lives on
+  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10));
+  const std::string bytes = Pattern(kRegionBytes, 6);
+  const uint64_t a = f.Allocate(bytes);
+  f.Register(1, a);
+  StuckStep stuck_step(f);
+  f.RecordReady();
+  ReadyPage page(f);
+  absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
+  REQUIRE(region.ok());
+  absl::StatusOr<std::unique_ptr<GpuStream>> stream = f.backend->device()->CreateStream(0);
+  REQUIRE(stream.ok());
+  StagingLease first = f.Buffer();
+  StagingLease second = f.Buffer();
+  char* out = second.data();
+  // The stream reaches its wait only after the daemon first completed the
+  // event and the trainer's stream wrote it back.
+  static_cast<SimulatedDevice*>(f.backend->device())->StallNextCopy(absl::Milliseconds(300));
+  const GpuCopy before{(*region)->Translate(a), first.data(), kSpan};
+  REQUIRE((*stream)->CopyToHost({&before, 1}).ok());
+  absl::StatusOr<uint64_t> waited = (*stream)->WaitEvent(*(*region)->ready);
+  REQUIRE(waited.ok());
+  const GpuCopy copy{(*region)->Translate(a), out, kSpan};
+  REQUIRE((*stream)->CopyToHost({&copy, 1}).ok());
+  AbandonedCopies::Batch batch;
+  batch.what = "the test's save";
+  batch.trainer_pid = trainer.pid();
+  batch.trainer_pidfd = UniqueFd(::dup(trainer.pidfd()));
+  batch.ready_waits.push_back({(*region)->ready.get(), *waited});
+  batch.ready_deadline = absl::Now();  // the save's copy timeout passed
+  batch.streams.push_back(*std::move(stream));
+  batch.regions.push_back(*std::move(region));
+  batch.buffers.push_back(std::move(first));
+  batch.buffers.push_back(std::move(second));
+  abandoned.Adopt(std::move(batch));
+
+  REQUIRE(Eventually([&] { return page.completed() == 1; }));
+  page.SetCompleted(0);
+  CHECK(Eventually([&] { return abandoned.pending() == 0; }));
+  CHECK(abandoned.kept_for_good() == 0);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes());
+  CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
 }
 
 // Enqueues one D2H copy of the trainer's region 1 into a pool buffer on a
