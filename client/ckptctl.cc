@@ -82,6 +82,13 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
                           "buffers and mappings return once they do)\n",
                           s.gpu_saves_held());
   }
+  for (const ckpt::v1::StagingPoolHolder& h : s.staging_pool_holders()) {
+    absl::StrAppendFormat(&out,
+                          "pool held: session %u (job %s rank %u pid %u): %u staging buffers "
+                          "in GPU copies not yet ended (its share: %u)\n",
+                          h.session_id(), h.job(), h.rank(), h.pid(), h.buffers(),
+                          h.limit_buffers());
+  }
   if (s.staging_buffers_withheld() > 0) {
     absl::StrAppendFormat(&out,
                           "WITHHELD: %u staging buffers are out of the pool until "

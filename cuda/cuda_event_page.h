@@ -23,8 +23,12 @@
 //     covers the most recent record as of the call, and an event never
 //     recorded does not block.
 //   CompleteRecorded(): completed = recorded (CPU; only ever raised), which
-//     ends every wait on the records made so far. That is what the survivor
-//     does for a dead peer, whose pending writes died with its context.
+//     ends every wait on the records made so far: the trainer, for its own
+//     staged page, when the daemon is gone.
+//   CompleteThrough(target): completed = target (CPU; only ever raised).
+//     That is what the daemon does for a dead trainer, whose pending writes
+//     died with its context, with the target its own wait read at enqueue:
+//     never the page's `recorded`, which the trainer could have rewound.
 // One process records each event (the trainer "ready", the daemon
 // "staged"). The trainer records from its stream, in order; the daemon
 // records each save's "staged" on that save's own stream, and saves of one

@@ -93,12 +93,16 @@ CuCheck CudaStream::Checker() const {
   };
 }
 
-absl::Status CudaStream::WaitEvent(GpuEvent& event) {
+absl::StatusOr<uint64_t> CudaStream::WaitEvent(GpuEvent& event) {
   ASSIGN_OR_RETURN(CudaEvent * cuda_event, AsCudaEvent(event));
   RETURN_IF_ERROR(state_->CheckDevice(device_));
   ScopedCudaDevice guard(device_);
   RETURN_IF_ERROR(state_->SetDevice(guard, device_));
-  return cuda_event->page().Wait(stream_, device_, Checker());
+  // Read once: the number waited for is the one returned, whatever the
+  // peer writes to its page afterwards (GpuEvent::CompleteThrough).
+  const uint32_t target = cuda_event->page().recorded();
+  RETURN_IF_ERROR(cuda_event->page().WaitFor(stream_, device_, Checker(), target));
+  return uint64_t{target};
 }
 
 absl::StatusOr<CudaEvent*> CudaStream::EventToRecord(GpuEvent& event) {

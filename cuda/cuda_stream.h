@@ -39,9 +39,9 @@ class CudaEvent final : public GpuEvent {
   CudaEvent(std::shared_ptr<DeviceState> state, int device, std::unique_ptr<EventPage> page)
       : state_(std::move(state)), device_(device), page_(std::move(page)) {}
 
-  // Only for a trainer that is gone: a live one's writes could come later.
-  absl::Status CompleteRecorded() override {
-    page_->CompleteRecorded();
+  // Only for a trainer that is gone, or records that no longer matter.
+  absl::Status CompleteThrough(uint64_t record) override {
+    page_->CompleteThrough(static_cast<uint32_t>(record));
     return absl::OkStatus();
   }
   // Record numbers are the page's 32-bit counters (compared cyclically).
@@ -81,7 +81,7 @@ class CudaStream final : public GpuStream {
   // `event` must come from a CudaDevice (InvalidArgument otherwise); it may
   // belong to another device for WaitEvent, not for RecordEvent. Neither
   // blocks the CPU.
-  absl::Status WaitEvent(GpuEvent& event) override;
+  absl::StatusOr<uint64_t> WaitEvent(GpuEvent& event) override;
   absl::Status RecordEvent(GpuEvent& event) override;
   absl::Status RecordReserved(GpuEvent& event, uint64_t record) override;
   absl::Status CopyToHost(absl::Span<const GpuCopy> copies) override;

@@ -24,9 +24,9 @@ namespace {
   X(layout_bytes_total) X(load_plan_bytes) X(node_id) X(nodes)                 \
   X(commit_timeout_ms) X(local_ranks_timeout_ms) X(load_batch_ms)              \
   X(drain_timeout_ms) X(keep_last) X(keep_in_memory_bytes) X(gpu)              \
-  X(gpu_copy_timeout_ms) X(log_level) X(metrics_file) X(metrics_interval_ms)   \
-  X(remote) X(remote_endpoint) X(remote_region) X(remote_addressing)           \
-  X(remote_credentials_file) X(remote_max_bytes_per_second)                    \
+  X(gpu_copy_timeout_ms) X(gpu_pool_share_percent) X(log_level) X(metrics_file) \
+  X(metrics_interval_ms) X(remote) X(remote_endpoint) X(remote_region)          \
+  X(remote_addressing) X(remote_credentials_file) X(remote_max_bytes_per_second) \
   X(remote_upload_timeout_ms)
 
 // Collects the parser's complaints with their place: the tokenizer counts

@@ -97,6 +97,11 @@ struct DaemonOptions {
   // How long a save's GPU copies may take, waiting for the trainer's ready
   // event included, before the save fails (a trainer that died mid-copy).
   uint64_t gpu_copy_timeout_ms = 300'000;
+  // The most of the staging pool (percent of its buffers, 1..100) one
+  // session's GPU copies that have not ended may hold: a trainer whose
+  // stream never reaches its ready event cannot take the pool from the
+  // other users (session/pool_share.h).
+  uint32_t gpu_pool_share_percent = 50;
   // On SIGTERM or SIGINT, how long saves in flight may go on to COMMITTED
   // before the ones left are cancelled (daemon/save_drain.h). The systemd
   // unit's TimeoutStopSec must stay above it.

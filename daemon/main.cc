@@ -81,6 +81,9 @@ ABSL_FLAG(std::string, gpu, kDefaults.gpu,
           "GPU device: auto (CUDA if built with it), cuda, simulated or off");
 ABSL_FLAG(uint64_t, gpu_copy_timeout_ms, kDefaults.gpu_copy_timeout_ms,
           "longest wait for a save's GPU copies before the save fails");
+ABSL_FLAG(uint32_t, gpu_pool_share_percent, kDefaults.gpu_pool_share_percent,
+          "the most of the staging pool, in percent of its buffers, that one "
+          "session's unfinished GPU copies may hold");
 ABSL_FLAG(uint32_t, max_items_per_save, kDefaults.max_items_per_save,
           "items (tensors and byte items) one save request may name");
 ABSL_FLAG(uint64_t, drain_timeout_ms, kDefaults.drain_timeout_ms,
@@ -188,7 +191,8 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(load_plan_bytes) CKPT_FROM_FLAG(socket_group)
   CKPT_FROM_FLAG(operator_group) CKPT_FROM_FLAG(keep_last)
   CKPT_FROM_FLAG(keep_in_memory_bytes) CKPT_FROM_FLAG(gpu)
-  CKPT_FROM_FLAG(gpu_copy_timeout_ms) CKPT_FROM_FLAG(drain_timeout_ms)
+  CKPT_FROM_FLAG(gpu_copy_timeout_ms) CKPT_FROM_FLAG(gpu_pool_share_percent)
+  CKPT_FROM_FLAG(drain_timeout_ms)
   CKPT_FROM_FLAG(log_level)
   CKPT_FROM_FLAG(metrics_file) CKPT_FROM_FLAG(metrics_interval_ms)
   CKPT_FROM_FLAG(remote) CKPT_FROM_FLAG(remote_endpoint) CKPT_FROM_FLAG(remote_region)

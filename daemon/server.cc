@@ -143,6 +143,11 @@ absl::Status ValidateOptions(const DaemonOptions& o, const OptionOrigins& origin
         name("max_request_bytes"), " ", o.max_request_bytes, " is above ",
         kMaxControlMessageBytes, ", the largest message clients send and receive"));
   }
+  // 0 would fail every GPU save; above 100 would bound nothing.
+  if (o.gpu_pool_share_percent < 1 || o.gpu_pool_share_percent > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name("gpu_pool_share_percent"), " ", o.gpu_pool_share_percent, " must be 1 to 100"));
+  }
   if (o.max_sessions == 0 || o.max_connections == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         name(o.max_sessions == 0 ? "max_sessions" : "max_connections"), " must be > 0"));
@@ -194,7 +199,7 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   ASSIGN_OR_RETURN(std::unique_ptr<StagingPool> pool,
                    StagingPool::Create(options.pool_bytes, options.buffer_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<GpuBackend> gpu,
-                   GpuBackend::Open(options.gpu, pool.get()));
+                   GpuBackend::Open(options.gpu, pool.get(), options.gpu_pool_share_percent));
   auto workers = std::make_unique<IoWorkers>(options.io_workers,
                                              options.queue_depth, *pool);
   // The root is opened once, here; everything under it is reached from this

@@ -554,6 +554,16 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   if (c_.abandoned_copies != nullptr) {
     response->set_gpu_saves_held(static_cast<uint32_t>(c_.abandoned_copies->pending()));
   }
+  for (const std::shared_ptr<Session>& session : c_.sessions->PoolHolders()) {
+    if (!visible.Shows(session->job())) continue;
+    v1::StagingPoolHolder* holder = response->add_staging_pool_holders();
+    holder->set_session_id(session->id());
+    holder->set_job(session->job());
+    holder->set_rank(session->rank());
+    holder->set_pid(static_cast<uint32_t>(session->pid()));
+    holder->set_buffers(static_cast<uint32_t>(session->pool_share()->held()));
+    holder->set_limit_buffers(static_cast<uint32_t>(session->pool_share()->limit()));
+  }
   if (c_.recovery != nullptr) {
     ReportRecovery(*c_.recovery, visible, response->mutable_startup_recovery());
   }

@@ -80,13 +80,21 @@ class GpuMapping {
 // wait enqueued on a stream waits (cuStreamWaitValue32, cyclic >=) for the
 // `recorded` value it read at enqueue: CUDA's "most recent record" rule.
 // And the survivor of a dead peer can complete the records from its CPU.
+//
+// The peer may write the page at will. So the daemon completes a trainer's
+// event only up to the record its own waits cover (GpuStream::WaitEvent's
+// answer), never up to what the page's `recorded` says now: a trainer that
+// rewound `recorded` and exited would otherwise leave those waits, and the
+// copies queued behind them into the staging pool, pending for good.
 class GpuEvent {
  public:
   virtual ~GpuEvent() = default;
-  // Completes, from the CPU, every record made so far, so that every wait
-  // on them ends. Only for an event whose recording process is gone (or
-  // will never reach its records): otherwise the waits end early.
-  virtual absl::Status CompleteRecorded() = 0;
+  // Raises the event's completion, from the CPU, to at least `record` (a
+  // number WaitEvent returned), whatever the page says, so that every wait
+  // on records up to it ends. Only for an event whose recording process is
+  // gone, or whose records up to `record` no longer matter (a save that
+  // failed): otherwise those waits end early.
+  virtual absl::Status CompleteThrough(uint64_t record) = 0;
 
   // Reserves the event's next record and returns its number, enqueueing
   // nothing: a wait for exactly that record may be enqueued at once, in
@@ -135,7 +143,10 @@ struct GpuCopy {
 class GpuStream {
  public:
   virtual ~GpuStream() = default;
-  virtual absl::Status WaitEvent(GpuEvent& event) = 0;
+  // Makes later work wait for the event's most recent record as of now;
+  // returns that record's number (0: never recorded, the wait does not
+  // block), which the caller keeps for GpuEvent::CompleteThrough.
+  virtual absl::StatusOr<uint64_t> WaitEvent(GpuEvent& event) = 0;
   // Records `event` after the stream's earlier work and after the event's
   // previous record, on whichever stream that was made, was reached: the
   // records reach the event in the order they were made. The daemon records

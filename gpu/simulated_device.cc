@@ -124,8 +124,8 @@ class SimulatedGpuEvent final : public GpuEvent {
                     std::shared_ptr<SimulatedDeviceState> device, int ordinal)
       : event_(std::move(event)), device_(std::move(device)), ordinal_(ordinal) {}
   const std::shared_ptr<SimulatedEvent>& event() const { return event_; }
-  absl::Status CompleteRecorded() override {
-    event_->CompleteRecorded();
+  absl::Status CompleteThrough(uint64_t record) override {
+    event_->Complete(record);
     return absl::OkStatus();
   }
   uint64_t ReserveRecord() override { return event_->EnqueueRecord(); }
@@ -273,11 +273,14 @@ class SimulatedCopyStream final : public GpuStream {
         ordinal_(ordinal),
         stream_([device = device_, ordinal] { return device->Failed(ordinal); }) {}
 
-  absl::Status WaitEvent(GpuEvent& event) override {
+  absl::StatusOr<uint64_t> WaitEvent(GpuEvent& event) override {
     RETURN_IF_ERROR(device_->Failure(ordinal_));
     ASSIGN_OR_RETURN(std::shared_ptr<SimulatedEvent> e, EventOf(event));
-    stream_.WaitEvent(std::move(e));
-    return absl::OkStatus();
+    // Read once: the number waited for is the one returned, whatever the
+    // peer writes to its page afterwards.
+    const uint64_t target = e->recorded();
+    stream_.WaitFor(std::move(e), target);
+    return target;
   }
   absl::Status RecordEvent(GpuEvent& event) override {
     RETURN_IF_ERROR(device_->Failure(ordinal_));

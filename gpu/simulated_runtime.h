@@ -127,7 +127,8 @@ class SimulatedEvent {
   // A record reached at once, as one on an idle stream: it releases every
   // wait on this event's earlier records.
   void RecordCompleted();
-  // Completes every record made so far (GpuEvent::CompleteRecorded).
+  // Completes every record made so far (the trainer, for its own staged
+  // event once the daemon is gone: TrainerGpu::SignalStaged).
   void CompleteRecorded() { Complete(recorded()); }
   // The CPU side of a record: bumps `recorded` and returns the record's
   // number (GpuEvent::ReserveRecord).

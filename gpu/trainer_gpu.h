@@ -83,7 +83,7 @@ class TrainerGpu {
   // copies are enqueued (no CPU wait, and none for the daemon either).
   virtual absl::Status WaitStagedRecord(const std::string& device_uuid,
                                         GpuStreamHandle stream, uint64_t record) = 0;
-  // Completes "staged" from this process's CPU (GpuEvent::CompleteRecorded
+  // Completes "staged" from this process's CPU (every record made so far,
   // on the trainer's side): a daemon that died after the trainer's stream
   // began waiting on its staged event will never complete it, and this
   // ends that wait. Only for a daemon known to be gone: while it lives, its

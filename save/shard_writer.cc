@@ -46,6 +46,9 @@ struct StagedWindow {
   size_t file = 0;
   uint64_t offset = 0, end = 0;
   StagingLease buffer;
+  // The buffer's place in the session's share of the pool, while the
+  // window's copies may still run (CopyOutBatch::ClaimBuffer).
+  PoolShare::Claim claim;
   uint64_t ticket = 0;
   std::vector<Piece> pieces;
 };
@@ -309,7 +312,8 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
   std::vector<CopySpan> spans;
   std::vector<Piece> pieces;
   // Enqueues the copies of window [offset, end) of file `file` into `buffer`.
-  auto stage = [&](size_t file, uint64_t offset, StagingLease buffer) -> absl::Status {
+  auto stage = [&](size_t file, uint64_t offset, StagingLease buffer,
+                   PoolShare::Claim claim) -> absl::Status {
     FileState& st = states[file];
     const ShardFile& sf = *st.file;
     const SafetensorsLayout& layout = *sf.layout;
@@ -344,6 +348,7 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
     }
     w.pieces.assign(pieces.begin(), pieces.end());
     w.buffer = std::move(buffer);
+    w.claim = std::move(claim);
     // Owned by `staged` from here, so every exit path waits for its copies.
     staged.push_back(std::move(w));
     absl::StatusOr<uint64_t> ticket = batch->Enqueue(spans);
@@ -509,6 +514,25 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
   while (next_file < n_files && first_error.ok()) {
     check_cancelled();
     if (!first_error.ok()) break;
+    // The session's share of the pool first: beyond it, this write's own
+    // oldest windows are finished (their copies waited for, the copy
+    // timeout at most) until one comes back; with none of its own, it waits
+    // for the session's other saves. Either failure names the bound.
+    absl::StatusOr<PoolShare::Claim> claim = batch->ClaimBuffer(/*may_wait=*/false);
+    while (first_error.ok() && !claim.ok() && absl::IsResourceExhausted(claim.status()) &&
+           !staged.empty()) {
+      bool idle = false;
+      first_error.Update(Annotate(advance(&idle), claim.status().message()));
+      if (first_error.ok()) claim = batch->ClaimBuffer(/*may_wait=*/false);
+    }
+    if (!first_error.ok()) break;
+    if (!claim.ok() && absl::IsResourceExhausted(claim.status())) {
+      claim = batch->ClaimBuffer(/*may_wait=*/true);
+    }
+    if (!claim.ok()) {
+      first_error.Update(Annotate(claim.status(), absl::StrCat("stage ", what)));
+      break;
+    }
     StagingLease buffer = pool->TryAcquire();
     if (!buffer) {
       // Back-pressure: free or wait for one of our own buffers; with
@@ -519,7 +543,7 @@ absl::StatusOr<std::vector<ShardWriteResult>> WriteWindows(
       if (!idle) continue;
       buffer = pool->Acquire();
     }
-    absl::Status s = stage(next_file, next, std::move(buffer));
+    absl::Status s = stage(next_file, next, std::move(buffer), *std::move(claim));
     next = std::min(next + window_bytes, req.files[next_file].layout->file_size);
     if (next == req.files[next_file].layout->file_size) {
       ++next_file;

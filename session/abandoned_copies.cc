@@ -32,7 +32,8 @@ void AbandonedCopies::Adopt(Batch batch) {
   Watched w{.batch = std::move(batch),
             .fences = {},
             .adopted = absl::Now(),
-            .trainer_exited = absl::InfiniteFuture()};
+            .trainer_exited = absl::InfiniteFuture(),
+            .ready_completed = false};
   // Everything the batch enqueued is before these fences.
   for (auto& stream : w.batch.streams) {
     absl::StatusOr<std::unique_ptr<GpuFence>> fence = stream->Fence();
@@ -49,7 +50,7 @@ void AbandonedCopies::Adopt(Batch batch) {
   LogWarning(w.batch.what, ": its GPU copies have not ended; keeping ",
              w.batch.buffers.size(), " staging buffers and ", w.batch.regions.size(),
              " GPU regions until they do (the trainer's stream reaches the "
-             "save's ready event, or the trainer exits)");
+             "save's ready event, the trainer exits, or the copy timeout passes)");
   absl::MutexLock lock(&mu_);
   watched_.push_back(std::move(w));
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Run(); });
@@ -115,33 +116,50 @@ AbandonedCopies::Outcome AbandonedCopies::Look(Watched& w) {
             " GPU regions are let go");
     return Outcome::kEnded;
   }
-  if (w.trainer_exited == absl::InfiniteFuture()) {
-    if (!w.batch.trainer_pidfd.valid()) return Outcome::kRunning;
+  if (w.trainer_exited == absl::InfiniteFuture() && w.batch.trainer_pidfd.valid()) {
     const absl::Status alive = PidfdAlive(w.batch.trainer_pidfd.get(), w.batch.trainer_pid);
-    if (!absl::IsUnavailable(alive)) {
-      if (!alive.ok()) LogWarning(w.batch.what, ": ", alive.ToString());
-      return Outcome::kRunning;
+    if (absl::IsUnavailable(alive)) {
+      w.trainer_exited = now;
+    } else if (!alive.ok()) {
+      LogWarning(w.batch.what, ": ", alive.ToString());
     }
-    // Nothing will ever reach the dead trainer's records: reach them here.
-    w.trainer_exited = now;
-    for (GpuEvent* ready : w.batch.ready_events) {
-      const absl::Status completed = ready->CompleteRecorded();
-      if (!completed.ok()) {
-        LogError(w.batch.what, ": the trainer exited, and its ready event could not be "
-                 "completed (", completed.ToString(), ")");
-        return Outcome::kKeepForGood;
-      }
-    }
-    LogInfo(w.batch.what, ": the trainer exited; its ready events are completed, "
-            "so the copies queued behind them run now");
-    return Outcome::kRunning;
   }
-  if (now - w.trainer_exited > grace_) {
+  const bool exited = w.trainer_exited != absl::InfiniteFuture();
+  if (!exited && now < w.batch.ready_deadline) return Outcome::kRunning;
+  // Nothing will ever reach the dead trainer's records, or the live
+  // trainer's save is lost already: reach them here. Again at every look:
+  // a live trainer's stream that reaches an earlier record of its own
+  // writes `completed` back below ours (a plain write on CUDA), and a wait
+  // that had not yet seen ours would wait for the trainer once more.
+  const char* why = exited ? "the trainer exited"
+                           : "the trainer's stream did not reach the save's ready event "
+                             "within the copy timeout";
+  if (!CompleteReadyWaits(w, why, /*log=*/!w.ready_completed)) return Outcome::kKeepForGood;
+  w.ready_completed = true;
+  // A live trainer's copies are watched as long as it lives: they hold at
+  // most its session's share of the pool (session/pool_share.h).
+  if (exited && now - w.trainer_exited > grace_) {
     LogError(w.batch.what, ": its GPU copies did not end within ",
              absl::FormatDuration(grace_), " of the trainer's exit");
     return Outcome::kKeepForGood;
   }
   return Outcome::kRunning;
+}
+
+bool AbandonedCopies::CompleteReadyWaits(Watched& w, absl::string_view why, bool log) {
+  for (const ReadyWait& wait : w.batch.ready_waits) {
+    const absl::Status completed = wait.event->CompleteThrough(wait.record);
+    if (!completed.ok()) {
+      LogError(w.batch.what, ": ", why, ", and its ready event could not be completed (",
+               completed.ToString(), ")");
+      return false;
+    }
+  }
+  if (log) {
+    LogInfo(w.batch.what, ": ", why, "; its ready events are completed up to the records "
+            "the copies wait for, so the copies queued behind them run now");
+  }
+  return true;
 }
 
 void AbandonedCopies::KeepForGood(Watched w) {

@@ -14,18 +14,29 @@
 //      the ready event after all): the batch is let go, its buffers back to
 //      the pool and its mappings released (those still live in a session
 //      stay mapped there);
-//   2. the trainer exited (its pidfd is readable): its ready events are
-//      completed from the CPU (GpuEvent::CompleteRecorded), which ends the
+//   2. the trainer exited (its pidfd is readable), or lives but its
+//      stream did not reach the save's ready events by the batch's
+//      `ready_deadline` (the copy timeout after the save's first wait: the
+//      save failed for it, so the copies' bytes no longer matter): the
+//      ready events are completed from the CPU up to the records the
+//      batch's waits cover (GpuEvent::CompleteThrough), never up to what
+//      the trainer's page says (it may have rewound it), which ends the
 //      waits; the queued copies then run, from allocations the mappings
-//      keep alive, into buffers nobody else has, and end: then 1;
+//      keep alive, into buffers nobody else has, and end: then 1. A live
+//      trainer's next save waits for a later record, which this does not
+//      complete. Done again at every look until the copies end: a live
+//      trainer's stream may write `completed` back below those records;
 //   3. a fence that fails, or copies that still do not end `grace` after
 //      the trainer exited: kept for the daemon's life, the buffers withheld
 //      from the pool (StagingLease::Withhold) and the regions quarantined
 //      (QuarantineRegions), as everything was before this object existed.
+//      A live trainer's copies are watched as long as it lives (they hold
+//      at most its session's share of the pool).
 // A job's usual answer to a hung step, killing every rank and starting
 // again, thus gives the pool its buffers back and the dead trainer's GPU
 // memory back to the device within a poll, instead of holding both until
-// ckptd restarts.
+// ckptd restarts; a trainer that hangs on gives them back at the copy
+// timeout, and a lying one cannot hold them longer.
 //
 // Ownership: owns the batches handed over and its thread (started at the
 // first Adopt). At destruction, batches whose copies have not ended are
@@ -42,6 +53,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/daemon_metrics.h"
@@ -49,11 +61,17 @@
 #include "gpu/gpu_device.h"
 #include "io/staging_pool.h"
 #include "session/gpu_region.h"
+#include "session/pool_share.h"
 
 namespace ckpt {
 
 class AbandonedCopies {
  public:
+  // A stream's wait on a trainer's ready event.
+  struct ReadyWait {
+    GpuEvent* event = nullptr;
+    uint64_t record = 0;
+  };
   // One save's copies whose end is not known.
   struct Batch {
     std::string what;        // names the save in the log
@@ -61,12 +79,18 @@ class AbandonedCopies {
     pid_t trainer_pid = 0;
     // Everything the batch enqueued is on these streams.
     std::vector<std::unique_ptr<GpuStream>> streams;
-    // The trainer's ready events the streams wait on; each belongs to one
+    // The trainer's ready events the streams wait on, each with the record
+    // the wait covers (GpuStream::WaitEvent's answer); each belongs to one
     // of `regions`, which keep it open.
-    std::vector<GpuEvent*> ready_events;
+    std::vector<ReadyWait> ready_waits;
+    // When a live trainer's stream should have reached them (2 above);
+    // InfiniteFuture: only the trainer's exit completes them.
+    absl::Time ready_deadline = absl::InfiniteFuture();
     std::vector<std::shared_ptr<const GpuRegion>> regions;
     // Staging buffers the copies write.
     std::vector<StagingLease> buffers;
+    // Their claims on the session's share of the pool, given back with them.
+    std::vector<PoolShare::Claim> claims;
   };
 
   static constexpr absl::Duration kPoll = absl::Milliseconds(100);
@@ -93,12 +117,16 @@ class AbandonedCopies {
     std::vector<std::unique_ptr<GpuFence>> fences;  // one per stream
     absl::Time adopted;
     absl::Time trainer_exited = absl::InfiniteFuture();
+    bool ready_completed = false;  // here, at least once (2 above)
   };
   enum class Outcome { kRunning, kEnded, kKeepForGood };
 
   void Run();
   // One look at `w` (see the file comment); logs what it decides.
   Outcome Look(Watched& w);
+  // Completes `w`'s ready events up to its waits' records (2 above),
+  // logging it if `log`; false (logged) if one could not be.
+  static bool CompleteReadyWaits(Watched& w, absl::string_view why, bool log);
   // Withholds the buffers and quarantines the regions (3 above).
   static void KeepForGood(Watched w);
 

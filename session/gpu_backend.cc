@@ -20,7 +20,7 @@ uint64_t GpuBackend::RegistrationChunk(uint32_t buffer_bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Open(
-    const std::string& kind, StagingPool* pool) {
+    const std::string& kind, StagingPool* pool, uint32_t pool_share_percent) {
   std::unique_ptr<GpuDevice> device;
   std::string reason;
   if (kind == "off") {
@@ -41,8 +41,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Open(
     return absl::InvalidArgumentError(absl::StrCat(
         "--gpu must be auto, cuda, simulated or off, not '", kind, "'"));
   }
+  if (pool_share_percent < 1 || pool_share_percent > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_pool_share_percent must be 1 to 100, not ", pool_share_percent));
+  }
   std::unique_ptr<GpuBackend> backend(
-      new GpuBackend(std::move(device), std::move(reason), pool));
+      new GpuBackend(std::move(device), std::move(reason), pool, pool_share_percent));
   if (kind == "cuda") RETURN_IF_ERROR(backend->Prepare());
   return backend;
 }

@@ -31,6 +31,7 @@
 #include "gpu/gpu_device.h"
 #include "io/staging_pool.h"
 #include "session/abandoned_copies.h"
+#include "session/pool_share.h"
 #include "session/staged_completer.h"
 #include "storage/memory_tier.h"
 
@@ -38,9 +39,12 @@ namespace ckpt {
 
 class GpuBackend final : public ImagePinner {
  public:
-  // `pool` outlives the backend.
+  // `pool` outlives the backend. Each session's GPU copies that have not
+  // ended may hold `pool_share_percent` (1..100) of its buffers
+  // (session/pool_share.h).
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Open(const std::string& kind,
-                                                          StagingPool* pool);
+                                                          StagingPool* pool,
+                                                          uint32_t pool_share_percent = 50);
   ~GpuBackend() override;
 
   // Null when the daemon has no GPU; then unavailable_reason() says why.
@@ -63,6 +67,11 @@ class GpuBackend final : public ImagePinner {
   // Cuts `copies` where their host side crosses a registration chunk.
   void SplitAtChunks(std::vector<GpuCopy>* copies) const;
 
+  // A new session's share of the staging pool.
+  std::shared_ptr<PoolShare> NewSessionShare() const {
+    return PoolShare::OfPool(pool_->iovecs().size(), pool_share_percent_);
+  }
+
   // Where saves leave copies whose end they could not make sure of.
   AbandonedCopies& abandoned() { return *abandoned_; }
   // Where saves leave staged records they did not make on a stream.
@@ -70,14 +79,16 @@ class GpuBackend final : public ImagePinner {
 
  private:
   GpuBackend(std::unique_ptr<GpuDevice> device, std::string reason,
-             StagingPool* pool)
+             StagingPool* pool, uint32_t pool_share_percent)
       : device_(std::move(device)),
         unavailable_reason_(std::move(reason)),
-        pool_(pool) {}
+        pool_(pool),
+        pool_share_percent_(pool_share_percent) {}
 
   const std::unique_ptr<GpuDevice> device_;
   const std::string unavailable_reason_;
   StagingPool* const pool_;
+  const uint32_t pool_share_percent_;
   // Reset first at destruction: its leftovers are settled while the device
   // and the pool's registration still exist.
   std::unique_ptr<AbandonedCopies> abandoned_ = std::make_unique<AbandonedCopies>();

@@ -91,7 +91,8 @@ GpuRegions::GpuRegions(GpuBackend* backend, PeerFdTaker take_fd,
     : backend_(backend),
       device_(backend != nullptr ? backend->device() : nullptr),
       take_fd_(std::move(take_fd)),
-      copy_timeout_(copy_timeout) {}
+      copy_timeout_(copy_timeout),
+      pool_share_(backend != nullptr ? backend->NewSessionShare() : nullptr) {}
 
 GpuRegions::~GpuRegions() { ReleaseAll(); }
 

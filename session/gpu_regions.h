@@ -37,6 +37,7 @@
 #include "session/gpu_backend.h"
 #include "session/gpu_region.h"
 #include "session/memory_source.h"
+#include "session/pool_share.h"
 #include "session/staged_records.h"
 
 namespace ckpt {
@@ -90,6 +91,8 @@ class GpuRegions {
   StagedRecords ReserveStaged();
 
   GpuBackend* backend() const { return backend_; }
+  // The session's share of the staging pool; null without a backend.
+  const std::shared_ptr<PoolShare>& pool_share() const { return pool_share_; }
   GpuDevice* device() const { return device_; }
   absl::Duration copy_timeout() const { return copy_timeout_; }
 
@@ -103,6 +106,7 @@ class GpuRegions {
   GpuDevice* const device_;
   const PeerFdTaker take_fd_;
   const absl::Duration copy_timeout_;
+  const std::shared_ptr<PoolShare> pool_share_;
 
   mutable absl::Mutex mu_;
   // Live regions by peer address; they never overlap.

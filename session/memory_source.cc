@@ -50,6 +50,10 @@ void CopyOutBatch::KeepUntilCopiesEnd(std::vector<StagingLease> buffers) {
   for (StagingLease& buffer : buffers) buffer.Withhold();
 }
 
+absl::StatusOr<PoolShare::Claim> CopyOutBatch::ClaimBuffer(bool /*may_wait*/) {
+  return PoolShare::Claim();
+}
+
 std::unique_ptr<CopiesInFlight> MemorySource::StartWrite(
     absl::Span<const CopySpan> spans) {
   return std::make_unique<EndedCopies>(Write(spans));

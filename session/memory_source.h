@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "common/unique_fd.h"
 #include "io/staging_pool.h"
+#include "session/pool_share.h"
 #include "session/staged_records.h"
 
 namespace ckpt {
@@ -72,6 +73,14 @@ class CopyOutBatch {
   // (session/abandoned_copies.h). By default they never go back
   // (StagingLease::Withhold).
   virtual void KeepUntilCopiesEnd(std::vector<StagingLease> buffers);
+  // Before the writer stages a window into one more buffer: a claim on the
+  // share of the staging pool the batch's session may hold in copies not
+  // yet known to have ended (session/pool_share.h), which the writer drops
+  // once the window's copies ended. Without room: ResourceExhausted naming
+  // the bound at once, or, with `may_wait` (the writer has no window of its
+  // own to wait for), once none came back within the copy timeout. By
+  // default (copies that end when enqueued) an empty claim.
+  virtual absl::StatusOr<PoolShare::Claim> ClaimBuffer(bool may_wait);
 };
 
 // Copies started by MemorySource::StartWrite that may still be running.

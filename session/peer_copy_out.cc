@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "session/abandoned_copies.h"
@@ -53,7 +54,22 @@ absl::Status PeerCopyOut::TrainerAlive() const {
 void PeerCopyOut::KeepUntilCopiesEnd(std::vector<StagingLease> buffers) {
   // After a Drain that succeeded nothing writes them any more.
   if (drained_) return;
+  // Claimed here, before the writer drops its windows' claims: the
+  // session's share counts them until their copies end.
+  if (regions_->pool_share() != nullptr && !buffers.empty()) {
+    kept_claims_.push_back(PoolShare::Force(regions_->pool_share(), buffers.size()));
+  }
   for (StagingLease& buffer : buffers) kept_buffers_.push_back(std::move(buffer));
+}
+
+absl::StatusOr<PoolShare::Claim> PeerCopyOut::ClaimBuffer(bool may_wait) {
+  // A session of host memory only: its copies end when enqueued.
+  if (regions_->pool_share() == nullptr ||
+      (devices_.empty() && regions_->live_regions() == 0)) {
+    return PoolShare::Claim();
+  }
+  return PoolShare::Take(regions_->pool_share(),
+                         may_wait ? regions_->copy_timeout() : absl::ZeroDuration());
 }
 
 void PeerCopyOut::Abandon() {
@@ -68,11 +84,15 @@ void PeerCopyOut::Abandon() {
   }
   for (auto& [device, q] : devices_) {
     batch.streams.push_back(std::move(q.stream));
-    batch.ready_events.insert(batch.ready_events.end(), q.waited.begin(), q.waited.end());
+    batch.ready_waits.insert(batch.ready_waits.end(), q.waited.begin(), q.waited.end());
+  }
+  if (first_wait_ != absl::InfiniteFuture()) {
+    batch.ready_deadline = first_wait_ + regions_->copy_timeout();
   }
   devices_.clear();
   batch.regions = std::move(held_);
   batch.buffers = std::move(kept_buffers_);
+  batch.claims = std::move(kept_claims_);
   GpuBackend* backend = regions_->backend();
   if (backend == nullptr) {  // no device, so no copy ran: cannot happen
     for (StagingLease& buffer : batch.buffers) buffer.Withhold();
@@ -140,10 +160,12 @@ absl::StatusOr<uint64_t> PeerCopyOut::EnqueueCopies(absl::Span<const CopySpan> s
     // staged event is recorded after the batch's last copy. A region that
     // was q->last_region has both already.
     if (region != q->last_region) {
-      if (std::find(q->waited.begin(), q->waited.end(), region->ready.get()) ==
-          q->waited.end()) {
-        RETURN_IF_ERROR(q->stream->WaitEvent(*region->ready));
-        q->waited.push_back(region->ready.get());
+      GpuEvent* ready = region->ready.get();
+      if (std::none_of(q->waited.begin(), q->waited.end(),
+                       [ready](const AbandonedCopies::ReadyWait& w) { return w.event == ready; })) {
+        ASSIGN_OR_RETURN(const uint64_t record, q->stream->WaitEvent(*ready));
+        q->waited.push_back({ready, record});
+        if (first_wait_ == absl::InfiniteFuture()) first_wait_ = absl::Now();
       }
       q->staged.emplace(region->staged.get(), region->staged);
     }
@@ -308,14 +330,14 @@ absl::Status PeerCopyOut::Drain() {
     return absl::OkStatus();
   }
   // A trainer that exited will never complete its ready events: complete
-  // them here, which ends the waits on them. One that lives will (and
-  // completing its events here could end the wait of its next save before
-  // its writes), so its copies are waited for as they are, until it exits
-  // too.
+  // them here, up to the records our waits cover (never what its page says
+  // now: it may have rewound `recorded` before it exited), which ends the
+  // waits. One that lives will, so its copies are waited for as they are,
+  // until it exits too or the copy timeout passes (AbandonedCopies).
   auto complete_ready_events = [&]() -> absl::Status {
     for (auto& [device, q] : devices_) {
-      for (GpuEvent* ready : q.waited) {
-        RETURN_IF_ERROR(Annotate(ready->CompleteRecorded(),
+      for (const AbandonedCopies::ReadyWait& wait : q.waited) {
+        RETURN_IF_ERROR(Annotate(wait.event->CompleteThrough(wait.record),
                                  "complete a dead trainer's ready event"));
       }
     }

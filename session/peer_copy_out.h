@@ -18,7 +18,9 @@
 // queued behind the wait into pool buffers and from mapped trainer memory.
 // Neither may be reused or unmapped while a copy could still run, so Drain
 // (after any error) completes the dead trainer's ready events from the CPU
-// (GpuEvent::CompleteRecorded): the waits end, the queued copies run (from
+// up to the records this batch's waits cover (GpuEvent::CompleteThrough;
+// never what the trainer's page says: a lying trainer may have rewound
+// it): the waits end, the queued copies run (from
 // the allocation the daemon's mapping keeps alive, into buffers not yet
 // reused) and complete, and only then are the buffers and regions let go.
 // Waits check the trainer's liveness, so its death fails the save at once
@@ -27,8 +29,9 @@
 // hands the batch the buffers the copies write (KeepUntilCopiesEnd), and the
 // batch, when destroyed, hands its streams, regions and those buffers to the
 // daemon's AbandonedCopies (session/abandoned_copies.h), which lets them go
-// once the copies end: when the trainer's stream gets there, or after the
-// trainer exits.
+// once the copies end: when the trainer's stream gets there, after the
+// trainer exits, or once the copy timeout after the first wait passed (the
+// save is lost then; the pool is not).
 //
 // The regions read are held until the batch ends, so a region released
 // meanwhile is unmapped only after its copies.
@@ -44,6 +47,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "session/abandoned_copies.h"
 #include "session/gpu_regions.h"
 #include "session/memory_source.h"
 #include "session/staged_records.h"
@@ -70,11 +75,15 @@ class PeerCopyOut final : public CopyOutBatch {
   absl::Status AllEnqueued() override;
   absl::Status Drain() override;
   void KeepUntilCopiesEnd(std::vector<StagingLease> buffers) override;
+  // A claim on the session's share (GpuRegions::pool_share) while the
+  // session has GPU regions, or this batch GPU copies; else an empty one.
+  absl::StatusOr<PoolShare::Claim> ClaimBuffer(bool may_wait) override;
 
  private:
   struct DeviceQueue {
     std::unique_ptr<GpuStream> stream;
-    std::vector<GpuEvent*> waited;     // ready events waited on
+    // Ready events waited on, each with the record its wait covers.
+    std::vector<AbandonedCopies::ReadyWait> waited;
     // Staged events to record (by address, for a stable order).
     std::map<GpuEvent*, std::shared_ptr<GpuEvent>> staged;
     std::vector<GpuCopy> unsubmitted;  // not yet handed to the stream
@@ -128,6 +137,11 @@ class PeerCopyOut final : public CopyOutBatch {
   bool drained_ = false;  // Drain made sure nothing runs any more
   bool drain_failed_ = false;  // Drain could not: do not wait again
   std::vector<StagingLease> kept_buffers_;  // KeepUntilCopiesEnd's
+  // Their claims on the session's share: they go with the buffers.
+  std::vector<PoolShare::Claim> kept_claims_;
+  // When the first wait on a ready event was enqueued: the trainer's
+  // stream should reach it within the copy timeout of then.
+  absl::Time first_wait_ = absl::InfiniteFuture();
   // The staged records enqueued on the streams (event, number): if the
   // copies are abandoned, a device that failed never reaches them.
   std::vector<std::pair<std::shared_ptr<GpuEvent>, uint64_t>> recorded_staged_;

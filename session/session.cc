@@ -389,6 +389,18 @@ size_t SessionRegistry::gpu_regions() const {
   return n;
 }
 
+std::vector<std::shared_ptr<Session>> SessionRegistry::PoolHolders() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Session>> holders;
+  for (const auto& [token, session] : by_token_) {
+    if (session->opened() && session->pool_share() != nullptr &&
+        session->pool_share()->held() > 0) {
+      holders.push_back(session);
+    }
+  }
+  return holders;
+}
+
 size_t SessionRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return by_token_.size();

@@ -45,6 +45,7 @@
 #include "session/layout_budget.h"
 #include "session/memory_source.h"
 #include "session/peer_process.h"
+#include "session/pool_share.h"
 #include "session/session_memory.h"
 
 namespace ckpt {
@@ -110,6 +111,9 @@ class Session {
   // flight uses them. Unknown ids are an error; released ones are not.
   absl::Status ReleaseRegions(const google::protobuf::RepeatedField<uint64_t>& ids);
   size_t live_gpu_regions() const { return gpu_.live_regions(); }
+  // The session's share of the staging pool (session/pool_share.h); null
+  // without a GPU backend.
+  const std::shared_ptr<PoolShare>& pool_share() const { return gpu_.pool_share(); }
   // The peer address of `ref`, after checking it lies inside its region.
   absl::StatusOr<uint64_t> Resolve(const v1::MemoryRef& ref) const;
 
@@ -217,6 +221,8 @@ class SessionRegistry {
   size_t size() const;
   // CUDA regions mapped now, over all live sessions.
   size_t gpu_regions() const;
+  // The live opened sessions whose GPU copies hold staging buffers now.
+  std::vector<std::shared_ptr<Session>> PoolHolders() const;
 
  private:
   SessionRegistry(UniqueFd listener, UniqueFd wake, std::string path,

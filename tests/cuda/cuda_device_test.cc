@@ -132,7 +132,7 @@ absl::Status DaemonRoundTrip(Kind kind, int sock, pid_t trainer) {
   RETURN_IF_ERROR(gpu->RegisterHostMemory(host.get(), host_bytes, kChunk));
 
   // The copies wait for "ready", which waits for the trainer's gate.
-  RETURN_IF_ERROR(stream->WaitEvent(*ready));
+  RETURN_IF_ERROR(stream->WaitEvent(*ready).status());
   RETURN_IF_ERROR(
       stream->CopyToHost(InChunks(mapping->address(), host.get(), length)));
   ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream->Fence());
@@ -376,7 +376,7 @@ TEST_CASE(
 // good. Here the daemon completes the dead trainer's records from the CPU.
 TEST_CASE(
     "A copy stream waiting on the ready event of a trainer killed before its "
-    "stream reached the record is released by CompleteRecorded",
+    "stream reached the record is released by CompleteThrough",
     "[cuda]") {
   SKIP_WITHOUT_CUDA_DEVICE();
   auto trainer = [](int sock) -> absl::Status {
@@ -419,7 +419,7 @@ TEST_CASE(
     std::unique_ptr<char[]> host(new char[host_bytes]());
     RETURN_IF_ERROR(gpu->RegisterHostMemory(host.get(), host_bytes, kChunk));
 
-    RETURN_IF_ERROR(stream->WaitEvent(*ready));
+    ASSIGN_OR_RETURN(const uint64_t waited, stream->WaitEvent(*ready));
     RETURN_IF_ERROR(
         stream->CopyToHost(InChunks(mapping->address(), host.get(), length)));
     ASSIGN_OR_RETURN(std::unique_ptr<GpuFence> fence, stream->Fence());
@@ -429,11 +429,11 @@ TEST_CASE(
     RETURN_IF_ERROR(KillAndAwait(trainer));
     // Its death alone ends nothing: its record died with its context.
     if (!absl::IsDeadlineExceeded(fence->Wait(absl::Milliseconds(300)))) {
-      return absl::InternalError("the wait ended without CompleteRecorded");
+      return absl::InternalError("the wait ended without CompleteThrough");
     }
-    RETURN_IF_ERROR(ready->CompleteRecorded());
+    RETURN_IF_ERROR(ready->CompleteThrough(waited));
     RETURN_IF_ERROR(Annotate(fence->Wait(absl::Seconds(5)),
-                             "the copies after CompleteRecorded"));
+                             "the copies after CompleteThrough"));
     if (std::string(host.get(), length) != Pattern(length, 5)) {
       return absl::InternalError("the copies read wrong bytes");
     }

@@ -59,7 +59,7 @@ TEST_CASE(
   CHECK(status.ok());
 }
 
-// The mirror of cuda_device_test's CompleteRecorded case: the daemon is
+// The mirror of cuda_device_test's CompleteThrough case: the daemon is
 // killed with copies and its staged record queued behind the trainer's
 // ready, which the trainer holds back. With CUDA IPC events the trainer's
 // stream waiting on staged then hung for good; SignalStaged must release
@@ -135,7 +135,7 @@ TEST_CASE(
     const uint64_t host_bytes = (length + kChunk - 1) / kChunk * kChunk;
     std::unique_ptr<char[]> host(new char[host_bytes]);
     RETURN_IF_ERROR(gpu->RegisterHostMemory(host.get(), host_bytes, kChunk));
-    RETURN_IF_ERROR(stream->WaitEvent(*ready));
+    RETURN_IF_ERROR(stream->WaitEvent(*ready).status());
     RETURN_IF_ERROR(
         stream->CopyToHost(InChunks(mapping->address(), host.get(), length)));
     RETURN_IF_ERROR(stream->RecordEvent(*staged));

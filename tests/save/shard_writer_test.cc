@@ -16,7 +16,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "absl/time/clock.h"
+#include "session/pool_share.h"
 
 #include "io/io_queue.h"
 #include "io/rate_limiter.h"
@@ -185,6 +189,127 @@ class StuckCopyOut final : public CopyOutBatch {
  private:
   uint64_t enqueued_ = 0;
 };
+
+// StuckCopyOut's copies, as a session's GPU copies with a share of the
+// pool (session/pool_share.h): each window claims a buffer of `share`, and
+// the buffers kept after the copies failed stay claimed with them.
+class SharedStuckCopyOut final : public CopyOutBatch {
+ public:
+  explicit SharedStuckCopyOut(std::shared_ptr<PoolShare> share) : share_(std::move(share)) {}
+  absl::StatusOr<uint64_t> Enqueue(absl::Span<const CopySpan> spans) override {
+    return stuck_.Enqueue(spans);
+  }
+  absl::StatusOr<bool> Ready(uint64_t ticket) override { return stuck_.Ready(ticket); }
+  absl::Status Wait(uint64_t ticket) override { return stuck_.Wait(ticket); }
+  absl::Status AllEnqueued() override { return absl::OkStatus(); }
+  absl::Status Drain() override { return stuck_.Drain(); }
+  void KeepUntilCopiesEnd(std::vector<StagingLease> buffers) override {
+    kept_claims.push_back(PoolShare::Force(share_, buffers.size()));
+    stuck_.KeepUntilCopiesEnd(std::move(buffers));
+  }
+  absl::StatusOr<PoolShare::Claim> ClaimBuffer(bool may_wait) override {
+    return PoolShare::Take(share_, may_wait ? absl::Milliseconds(50) : absl::ZeroDuration());
+  }
+  std::vector<StagingLease>& kept() { return stuck_.kept; }
+
+  std::vector<PoolShare::Claim> kept_claims;
+
+ private:
+  const std::shared_ptr<PoolShare> share_;
+  StuckCopyOut stuck_;
+};
+
+TEST_CASE("ShardWriter whose copies do not end holds at most the session's share "
+          "of the pool, and fails naming the bound",
+          "[shard_io][shard_writer][pool_share]") {
+  ShardFixture f;
+  std::unique_ptr<StagingPool> pool = PoolHoldingTheFile(f);
+  std::unique_ptr<IoQueue> queue = CreatePwriteQueue(kQueueDepth);
+  const std::shared_ptr<PoolShare> share =
+      PoolShare::OfPool(pool->iovecs().size(), /*percent=*/50);
+  REQUIRE(share->limit() == pool->iovecs().size() / 2);
+  SharedStuckCopyOut batch(share);
+  ShardWriteRequest req = f.WriteRequest();
+  req.batch = &batch;
+  ShardWriter writer(pool.get(), queue.get());
+
+  SECTION("the save's own copies fill the share") {
+    const absl::Status status = writer.Write(req).status();
+    INFO(status.ToString());
+    CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK_THAT(std::string(status.message()), Catch::Contains("--gpu_pool_share_percent=50"));
+    CheckLeftNoFile(f);
+    // The share, never the pool: the rest stayed free for other saves.
+    CHECK(batch.kept().size() == share->limit());
+    CHECK(pool->free_bytes() == pool->pool_bytes() - share->limit() * pool->buffer_bytes());
+    CHECK(share->held() == share->limit());
+    batch.kept().clear();  // the copies ended
+    batch.kept_claims.clear();
+    CHECK(share->held() == 0);
+    CHECK(pool->free_bytes() == pool->pool_bytes());
+  }
+  SECTION("the session's other saves hold the share") {
+    PoolShare::Claim others = PoolShare::Force(share, share->limit());
+    const absl::Status status = writer.Write(req).status();
+    INFO(status.ToString());
+    CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+    CHECK_THAT(std::string(status.message()),
+               Catch::Contains("the most one session may (--gpu_pool_share_percent=50)"));
+    CheckLeftNoFile(f);
+    CHECK(batch.kept().empty());
+    CHECK(pool->free_bytes() == pool->pool_bytes());
+    CHECK(share->held() == share->limit());
+  }
+}
+
+TEST_CASE("PoolShare lends at most its limit, at least one buffer, and takes "
+          "claims back when they end",
+          "[pool_share]") {
+  CHECK(PoolShare::OfPool(10, 50)->limit() == 5);
+  CHECK(PoolShare::OfPool(1, 50)->limit() == 1);
+  CHECK(PoolShare::OfPool(10, 100)->limit() == 10);
+  const std::shared_ptr<PoolShare> share = PoolShare::OfPool(4, 50);
+  absl::StatusOr<PoolShare::Claim> a = PoolShare::Take(share, absl::ZeroDuration());
+  absl::StatusOr<PoolShare::Claim> b = PoolShare::Take(share, absl::ZeroDuration());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(share->held() == 2);
+  absl::StatusOr<PoolShare::Claim> c = PoolShare::Take(share, absl::Milliseconds(20));
+  CHECK(absl::IsResourceExhausted(c.status()));
+  // A claim that ends makes room for a waiter.
+  std::thread ender([&a] {
+    absl::SleepFor(absl::Milliseconds(20));
+    a->Reset();
+  });
+  c = PoolShare::Take(share, absl::Seconds(10));
+  ender.join();
+  CHECK(c.ok());
+  // The wait runs from the last buffer given back: a waiter is not failed
+  // while the session's copies keep ending, even if the session's other
+  // save takes the room again first each time.
+  {
+    PoolShare::Claim other = *std::move(c);  // with `b`: the share is full
+    const absl::Duration churn_for = absl::Milliseconds(300);
+    std::thread churn([&] {
+      for (const absl::Time end = absl::Now() + churn_for; absl::Now() < end;) {
+        absl::SleepFor(absl::Milliseconds(10));
+        other.Reset();
+        other = PoolShare::Force(share, 1);
+      }
+    });
+    const absl::Time start = absl::Now();
+    absl::StatusOr<PoolShare::Claim> waiter = PoolShare::Take(share, absl::Milliseconds(50));
+    const absl::Duration waited = absl::Now() - start;
+    churn.join();
+    INFO("waited " << absl::FormatDuration(waited));
+    CHECK((waiter.ok() || waited >= churn_for));
+  }
+  CHECK(share->held() == 1);  // `b`
+  PoolShare::Claim moved = *std::move(b);
+  CHECK(share->held() == 1);
+  moved = PoolShare::Claim();
+  CHECK(share->held() == 0);
+}
 
 TEST_CASE("ShardWriter whose copies do not end leaves their buffers with the "
           "copy batch, out of the pool until the batch lets them go, and no file",

@@ -5,10 +5,15 @@
 // exits (a child process stands for it). Copies that still do not end,
 // or that failed, are kept for good. A save whose device failed (a sticky
 // error) while its copies waited has the staged record it enqueued
-// completed from the CPU, so the trainer's stream goes on.
+// completed from the CPU, so the trainer's stream goes on. A trainer that
+// rewinds its ready event's `recorded` and exits gets no more than an
+// honest dead one: its events are completed up to what the daemon's waits
+// cover. A live trainer whose stream never gets there loses its save at
+// the copy timeout, not the buffers.
 #include "session/abandoned_copies.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,6 +98,33 @@ bool Eventually(Done done) {
   }
   return done();
 }
+
+// The trainer's ready event page of device 0, mapped here as the trainer
+// maps it: a lying trainer writes it at will.
+class ReadyPage {
+ public:
+  explicit ReadyPage(GpuRegionsFixture& f) {
+    absl::StatusOr<GpuEventHandles> events = f.trainer.Events(SimulatedDeviceUuid(0));
+    REQUIRE(events.ok());
+    void* page = ::mmap(nullptr, SimulatedPageSize(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                        events->ready.peer_fd, 0);
+    REQUIRE(page != MAP_FAILED);
+    words_ = static_cast<uint64_t*>(page);
+  }
+  ~ReadyPage() { ::munmap(words_, SimulatedPageSize()); }
+  ReadyPage(const ReadyPage&) = delete;
+  ReadyPage& operator=(const ReadyPage&) = delete;
+
+  uint64_t recorded() const { return std::atomic_ref<uint64_t>(words_[0]).load(); }
+  uint64_t completed() const { return std::atomic_ref<uint64_t>(words_[1]).load(); }
+  // The lie: no record was ever made.
+  void RewindRecorded() { std::atomic_ref<uint64_t>(words_[0]).store(0); }
+  // What a CUDA stream's plain write of an earlier record does.
+  void SetCompleted(uint64_t value) { std::atomic_ref<uint64_t>(words_[1]).store(value); }
+
+ private:
+  uint64_t* words_ = nullptr;
+};
 
 TEST_CASE("a save's copies that outlive it keep their buffer and mapping only "
           "until the trainer's stream gets to the ready event, or the trainer exits",
@@ -198,6 +230,170 @@ TEST_CASE("a save whose device fails while its copies wait has the staged "
   CHECK(Eventually([&] { return f.backend->staged_completer().pending() == 0; }));
   // Whether the failed copies wrote their buffer is not known: kept.
   CHECK(f.backend->abandoned().kept_for_good() == 1);
+}
+
+TEST_CASE("a trainer that rewinds its ready event's record count and exits "
+          "does not keep the save's buffers: the daemon completes the event up "
+          "to what its own waits cover",
+          "[gpu][session]") {
+  ChildTrainer trainer;
+  const std::string bytes = Pattern(kRegionBytes, 3);
+
+  SECTION("the trainer exits while the save waits (Drain)") {
+    GpuRegionsFixture f(/*copy_timeout=*/absl::Seconds(20));
+    const uint64_t a = f.Allocate(bytes);
+    f.Register(1, a);
+    StuckStep stuck_step(f);  // its stream never reaches the ready record
+    f.RecordReady();
+    ReadyPage page(f);
+    REQUIRE(page.recorded() == 1);
+    StagingLease lease = f.Buffer();
+    PeerCopyOut batch(/*host=*/nullptr, f.regions.get(), trainer.pidfd(), trainer.pid(),
+                      /*staged=*/nullptr);
+    absl::StatusOr<uint64_t> ticket =
+        batch.Enqueue(std::vector<CopySpan>{{a, lease.data(), kSpan}});
+    REQUIRE(ticket.ok());
+    REQUIRE(batch.AllEnqueued().ok());
+    page.RewindRecorded();
+    trainer.Kill();
+    CHECK(absl::IsUnavailable(batch.Wait(*ticket)));
+    // The wait covered record 1: completed up to it, the copy runs.
+    const absl::Status drained = batch.Drain();
+    INFO(drained.ToString());
+    CHECK(drained.ok());
+    CHECK(page.completed() >= 1);
+    CHECK(Mismatch(std::string(lease.data(), kSpan), bytes.substr(0, kSpan)).empty());
+  }
+
+  SECTION("the trainer exits after the save abandoned its copies") {
+    GpuRegionsFixture f;
+    AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10),
+                              /*grace=*/absl::Milliseconds(500));
+    const uint64_t a = f.Allocate(bytes);
+    f.Register(1, a);
+    StuckStep stuck_step(f);
+    f.RecordReady();
+    ReadyPage page(f);
+    absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
+    REQUIRE(region.ok());
+    absl::StatusOr<std::unique_ptr<GpuStream>> stream = f.backend->device()->CreateStream(0);
+    REQUIRE(stream.ok());
+    absl::StatusOr<uint64_t> waited = (*stream)->WaitEvent(*(*region)->ready);
+    REQUIRE(waited.ok());
+    CHECK(*waited == 1);
+    StagingLease lease = f.Buffer();
+    char* out = lease.data();
+    const GpuCopy copy{(*region)->Translate(a), out, kSpan};
+    REQUIRE((*stream)->CopyToHost({&copy, 1}).ok());
+    AbandonedCopies::Batch batch;
+    batch.what = "the test's save";
+    batch.trainer_pid = trainer.pid();
+    batch.trainer_pidfd = UniqueFd(::dup(trainer.pidfd()));
+    batch.ready_waits.push_back({(*region)->ready.get(), *waited});
+    batch.streams.push_back(*std::move(stream));
+    batch.regions.push_back(*std::move(region));
+    batch.buffers.push_back(std::move(lease));
+    abandoned.Adopt(std::move(batch));
+    CHECK(f.pool->free_bytes() == f.pool->pool_bytes() - f.pool->buffer_bytes());
+
+    page.RewindRecorded();
+    trainer.Kill();
+    CHECK(Eventually([&] { return abandoned.pending() == 0; }));
+    CHECK(abandoned.kept_for_good() == 0);
+    CHECK(f.pool->withheld_buffers() == 0);
+    // Another save can have the buffer.
+    CHECK(f.pool->free_bytes() == f.pool->pool_bytes());
+    CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
+  }
+}
+
+TEST_CASE("a live trainer whose stream never reaches the save's ready event "
+          "loses the save at the copy timeout, and the buffers come back; its "
+          "next ready record is not completed",
+          "[gpu][session]") {
+  GpuRegionsFixture f(/*copy_timeout=*/absl::Milliseconds(200));
+  ChildTrainer trainer;  // lives on
+  const uint64_t a = f.Allocate(Pattern(kRegionBytes, 4));
+  f.Register(1, a);
+  StuckStep stuck_step(f);  // for the whole test
+  f.RecordReady();
+  ReadyPage page(f);
+  StagingLease lease = f.Buffer();
+  auto batch = std::make_unique<PeerCopyOut>(/*host=*/nullptr, f.regions.get(),
+                                             trainer.pidfd(), trainer.pid(),
+                                             /*staged=*/nullptr);
+  absl::StatusOr<uint64_t> ticket =
+      batch->Enqueue(std::vector<CopySpan>{{a, lease.data(), kSpan}});
+  REQUIRE(ticket.ok());
+  REQUIRE(batch->AllEnqueued().ok());
+  CHECK(absl::IsDeadlineExceeded(batch->Wait(*ticket)));
+  CHECK_FALSE(batch->Drain().ok());
+  std::vector<StagingLease> buffers;
+  buffers.push_back(std::move(lease));
+  batch->KeepUntilCopiesEnd(std::move(buffers));
+  batch.reset();
+
+  AbandonedCopies& abandoned = f.backend->abandoned();
+  CHECK(Eventually([&] { return abandoned.pending() == 0; }));
+  CHECK(abandoned.kept_for_good() == 0);
+  CHECK(f.pool->withheld_buffers() == 0);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes());
+  CHECK(page.completed() == 1);
+  // The trainer's next save records ready again: that record is its own
+  // to reach (the daemon completed only the one its lost save waited for).
+  f.RecordReady();
+  CHECK(page.recorded() == 2);
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(page.completed() == 1);
+}
+
+TEST_CASE("a live trainer's ready event is completed again at every look while "
+          "the lost save's copies wait, so a stream that writes it back cannot "
+          "hold them",
+          "[gpu][session]") {
+  GpuRegionsFixture f;
+  ChildTrainer trainer;  // lives on
+  AbandonedCopies abandoned(/*poll=*/absl::Milliseconds(10));
+  const std::string bytes = Pattern(kRegionBytes, 6);
+  const uint64_t a = f.Allocate(bytes);
+  f.Register(1, a);
+  StuckStep stuck_step(f);
+  f.RecordReady();
+  ReadyPage page(f);
+  absl::StatusOr<std::shared_ptr<const GpuRegion>> region = f.regions->Find(a, kSpan);
+  REQUIRE(region.ok());
+  absl::StatusOr<std::unique_ptr<GpuStream>> stream = f.backend->device()->CreateStream(0);
+  REQUIRE(stream.ok());
+  StagingLease first = f.Buffer();
+  StagingLease second = f.Buffer();
+  char* out = second.data();
+  // The stream reaches its wait only after the daemon first completed the
+  // event and the trainer's stream wrote it back.
+  static_cast<SimulatedDevice*>(f.backend->device())->StallNextCopy(absl::Milliseconds(300));
+  const GpuCopy before{(*region)->Translate(a), first.data(), kSpan};
+  REQUIRE((*stream)->CopyToHost({&before, 1}).ok());
+  absl::StatusOr<uint64_t> waited = (*stream)->WaitEvent(*(*region)->ready);
+  REQUIRE(waited.ok());
+  const GpuCopy copy{(*region)->Translate(a), out, kSpan};
+  REQUIRE((*stream)->CopyToHost({&copy, 1}).ok());
+  AbandonedCopies::Batch batch;
+  batch.what = "the test's save";
+  batch.trainer_pid = trainer.pid();
+  batch.trainer_pidfd = UniqueFd(::dup(trainer.pidfd()));
+  batch.ready_waits.push_back({(*region)->ready.get(), *waited});
+  batch.ready_deadline = absl::Now();  // the save's copy timeout passed
+  batch.streams.push_back(*std::move(stream));
+  batch.regions.push_back(*std::move(region));
+  batch.buffers.push_back(std::move(first));
+  batch.buffers.push_back(std::move(second));
+  abandoned.Adopt(std::move(batch));
+
+  REQUIRE(Eventually([&] { return page.completed() == 1; }));
+  page.SetCompleted(0);
+  CHECK(Eventually([&] { return abandoned.pending() == 0; }));
+  CHECK(abandoned.kept_for_good() == 0);
+  CHECK(f.pool->free_bytes() == f.pool->pool_bytes());
+  CHECK(Mismatch(std::string(out, kSpan), bytes.substr(0, kSpan)).empty());
 }
 
 // Enqueues one D2H copy of the trainer's region 1 into a pool buffer on a
