@@ -456,6 +456,48 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& 
                                          response.checkpoints().end());
 }
 
+absl::StatusOr<v1::RemoteUpload> Client::WaitRemoteCommitted(const std::string& checkpoint,
+                                                              absl::Duration timeout,
+                                                              CallCanceller* canceller) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "not handed to the remote tier yet";
+  while (true) {
+    v1::DaemonStatusResponse status;
+    RETURN_IF_ERROR(Unary(stub_.get(), canceller, "DaemonStatus",
+                          &v1::Ckptd::StubInterface::DaemonStatus,
+                          &v1::Ckptd::StubInterface::async_interface::DaemonStatus,
+                          v1::DaemonStatusRequest(), &status));
+    if (status.remote().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemon at ", options_.socket, " has no remote tier (ckptd --remote)"));
+    }
+    // The newest entry of the checkpoint (a retried upload comes later).
+    const v1::RemoteUpload* upload = nullptr;
+    for (const v1::RemoteUpload& u : status.remote_uploads()) {
+      if (u.job() == options_.job && u.checkpoint() == checkpoint) upload = &u;
+    }
+    if (upload != nullptr) {
+      if (upload->state() == "committed") return *upload;
+      if (upload->state() == "failed") {
+        return absl::AbortedError(absl::StrCat("the upload of ", options_.job, "/", checkpoint,
+                                               " to the remote tier failed: ",
+                                               upload->error()));
+      }
+      last = absl::StrCat(upload->state(), ", ", upload->bytes_uploaded(), " of ",
+                          upload->bytes_total(), " bytes");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          options_.job, "/", checkpoint, " not committed in the remote tier ", status.remote(),
+          " within ", absl::FormatDuration(timeout), " (", last, ")"));
+    }
+    if (canceller != nullptr && canceller->cancelled()) {
+      return absl::CancelledError("waiting for the remote commit was interrupted");
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+  }
+}
+
 SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
                        TrainerGpu* gpu, std::vector<std::string> gpu_devices,
                        std::vector<uint64_t> stream_wait_records)

@@ -321,6 +321,17 @@ class Client {
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List(
       const std::string& job, CallCanceller* canceller = nullptr);
 
+  // Waits until this job's `checkpoint` is committed in the daemon's remote
+  // tier (--remote; storage/remote_tier.h), asking the daemon's status every
+  // 100 ms, and returns its upload. FailedPrecondition if the daemon has no
+  // remote tier; Aborted with the daemon's reason (the node, the object,
+  // the server's answer) if the upload failed; DeadlineExceeded, naming
+  // where it got to, after `timeout`. A checkpoint the daemon has not
+  // handed to the tier yet (it does once committed locally) is waited for.
+  absl::StatusOr<v1::RemoteUpload> WaitRemoteCommitted(const std::string& checkpoint,
+                                                       absl::Duration timeout,
+                                                       CallCanceller* canceller = nullptr);
+
   const ConnectOptions& options() const { return options_; }
   uint32_t daemon_pid() const { return daemon_pid_; }
   // Whether the daemon that made the handshake still holds its end of the

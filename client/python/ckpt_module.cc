@@ -522,6 +522,22 @@ class PyClient {
     return out;
   }
 
+  // ckpt::Client::WaitRemoteCommitted: the upload, as a dict.
+  py::dict WaitRemoteCommitted(const std::string& checkpoint, double timeout_s) {
+    absl::StatusOr<ckpt::v1::RemoteUpload> upload =
+        Interruptibly([&](ckpt::CallCanceller* c) {
+          return client_->WaitRemoteCommitted(checkpoint, absl::Seconds(timeout_s), c);
+        });
+    const ckpt::v1::RemoteUpload u = Value(std::move(upload));
+    py::dict out;
+    out["checkpoint"] = u.checkpoint();
+    out["state"] = u.state();
+    out["bytes_total"] = u.bytes_total();
+    out["files_total"] = u.files_total();
+    out["seconds"] = static_cast<double>(u.ended_unix_micros() - u.queued_unix_micros()) / 1e6;
+    return out;
+  }
+
   py::list List() {
     absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list = Interruptibly(
         [&](ckpt::CallCanceller* c) { return client_->List(client_->options().job, c); });
@@ -601,5 +617,7 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("byte_items"), py::arg("stream") = 0, py::arg("ready_recorded") = false)
       .def("load", &PyClient::Load)
       .def("list", &PyClient::List)
+      .def("wait_remote_committed", &PyClient::WaitRemoteCommitted, py::arg("checkpoint"),
+           py::arg("timeout_s"))
       .def("alive", &PyClient::Alive);
 }

@@ -308,7 +308,7 @@ TEST_CASE("a trainer that rewinds its ready event's record count and exits "
 }
 
 TEST_CASE("a live trainer whose stream never reaches the save's ready event "
-          "loses the save at the copy timeout, and the buffers come back; its "
+          "loses the save at the copy timeout, and the buffers come back, and its "
           "next ready record is not completed",
           "[gpu][session]") {
   GpuRegionsFixture f(/*copy_timeout=*/absl::Milliseconds(200));

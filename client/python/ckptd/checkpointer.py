@@ -264,6 +264,7 @@ class Checkpointer:
         # next save replace it before this one is staged).
         response._keep_alive = (keep, plan)
         response._socket = self.client.socket
+        response._connection = connection
         response._stream = stream
         response._relay = relay
 

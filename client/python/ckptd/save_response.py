@@ -28,6 +28,8 @@
   daemon's reason (ckptd.errors.SaveFailed), or with DaemonUnavailable if
   the daemon went away before the save finished (libckpt's progress stream
   ends when the daemon's process does).
+- remote_completion (made when first asked for) resolves once the
+  checkpoint is also committed in the daemon's remote tier (--remote).
 
 A SaveWatcher (one per Checkpointer, two threads started on its first save)
 waits on the daemon for the responses and resolves their futures: a thread
@@ -57,7 +59,12 @@ class AsyncSaveResponse:
 
     __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
                  "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested",
-                 "_stream", "_relay", "_handed_over")
+                 "_stream", "_relay", "_handed_over", "_connection", "_remote")
+
+    # How long remote_completion waits for the remote commit after the
+    # local one: the daemon's own bound on an upload (30 minutes by
+    # default, --remote_upload_timeout_ms) ends it first.
+    REMOTE_TIMEOUT_S = 2 * 3600.0
 
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
@@ -75,6 +82,40 @@ class AsyncSaveResponse:
         self._relay = None
         # Set once the save is submitted (_attach) or has failed (_fail).
         self._handed_over = threading.Event()
+        # The binding client the save went through (remote_completion asks
+        # its daemon), and the remote future once asked for.
+        self._connection = None
+        self._remote: Optional[concurrent.futures.Future] = None
+
+    @property
+    def remote_completion(self) -> concurrent.futures.Future:
+        """Resolves once the checkpoint is committed in the daemon's remote
+        tier (ckptd --remote: copied there after the local commit, off the
+        trainer's path; docs/OPERATIONS.md) with a dict of the upload
+        (state, bytes_total, files_total, seconds). It fails as
+        upload_completion does if the save fails, with CkptdError naming
+        the node, the object and the server's answer if the upload fails,
+        and with CkptdError if the daemon has no remote tier. Made on first
+        use (a thread waits for it then): a save that never asks costs
+        nothing."""
+        with self._lock:
+            if self._remote is None:
+                self._remote = concurrent.futures.Future()
+                threading.Thread(target=self._wait_remote, name="ckptd-remote",
+                                 daemon=True).start()
+            return self._remote
+
+    def _wait_remote(self) -> None:
+        try:
+            self.upload_completion.result()  # committed locally first
+            if self._connection is None:
+                raise errors.CkptdError("this save never reached a daemon")
+            result = self._connection.wait_remote_committed(self.checkpoint_id,
+                                                            self.REMOTE_TIMEOUT_S)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self._remote.set_exception(self._explain(e))
+            return
+        self._remote.set_result(result)
 
     def _fail(self, error: BaseException) -> None:
         self._keep_alive = None

@@ -1,0 +1,88 @@
+"""ckptd.torch with the daemon's remote tier (ckptd --remote): the save's
+remote_completion future resolves once the checkpoint is committed there,
+and a daemon with an empty root (a replacement node) loads "latest" from
+the remote tier alone. Against real daemons, the remote tier a directory.
+
+Run by ctest as: python -m unittest test_remote_tier (in this directory),
+with PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
+"""
+
+import os
+import shutil
+import tempfile
+import unittest
+
+import torch
+
+import ckptd
+import ckptd.torch as ckpt
+from test_ckptd import Daemon
+
+
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(256, 130, generator=g),
+                      "b": torch.randn(130, generator=g).to(torch.bfloat16)},
+            "step": seed}
+
+
+def zeros_like(sd):
+    return {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}, "step": 0}
+
+
+class RemoteTierTest(unittest.TestCase):
+
+    def setUp(self):
+        self.remote = tempfile.mkdtemp(prefix="ckptd-remote-")
+
+    def tearDown(self):
+        shutil.rmtree(self.remote)
+
+    def test_remote_completion_resolves_and_a_fresh_node_loads_latest_from_the_remote_tier(self):
+        first = Daemon(flags=["--remote", self.remote])
+        try:
+            for step in (1, 2):
+                response = ckpt.async_save(state(step), checkpoint_id=f"step-{step}", job="rt",
+                                           socket=first.socket)
+                response.upload_completion.result(timeout=60)
+                upload = response.remote_completion.result(timeout=60)
+                self.assertEqual(upload["state"], "committed")
+                self.assertEqual(upload["checkpoint"], f"step-{step}")
+                self.assertGreater(upload["bytes_total"], 256 * 130 * 4)
+                self.assertTrue(os.path.exists(
+                    os.path.join(self.remote, "rt", f"step-{step}", "COMMIT")))
+        finally:
+            first.stop()
+        # A replacement node: a new daemon, an empty root, the same remote.
+        replacement = Daemon(flags=["--remote", self.remote])
+        try:
+            got = zeros_like(state(2))
+            loaded = ckpt.load(got, checkpoint_id="latest", job="rt",
+                               socket=replacement.socket)
+            self.assertEqual(loaded, "step-2")
+            want = state(2)
+            for k in want["model"]:
+                self.assertTrue(torch.equal(got["model"][k], want["model"][k]), k)
+            self.assertEqual(got["step"], 2)
+            # And an older one by name.
+            got = zeros_like(state(1))
+            ckpt.load(got, checkpoint_id="step-1", job="rt", socket=replacement.socket)
+            self.assertTrue(torch.equal(got["model"]["w"], state(1)["model"]["w"]))
+        finally:
+            replacement.stop()
+
+    def test_without_a_remote_tier_remote_completion_fails_saying_so(self):
+        daemon = Daemon()
+        try:
+            response = ckpt.async_save(state(3), checkpoint_id="step-3", job="rt",
+                                       socket=daemon.socket)
+            response.upload_completion.result(timeout=60)
+            error = response.remote_completion.exception(timeout=60)
+            self.assertIsInstance(error, ckptd.CkptdError)
+            self.assertIn("no remote tier", str(error))
+        finally:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
