@@ -31,7 +31,11 @@ constexpr char kLoadsHelp[] =
 constexpr char kRead[] = "ckptd_read_bytes_total";
 constexpr char kReadHelp[] =
     "Data-file bytes read for loads and verifies, from storage (O_DIRECT "
-    "reads) or from the memory tier.";
+    "reads), from the memory tier, or fetched from the remote tier.";
+constexpr char kRemoteUploads[] = "ckptd_remote_uploads_total";
+constexpr char kRemoteUploadsHelp[] =
+    "Checkpoints this node's remote tier finished uploading, by outcome "
+    "(committed there, or failed naming why in the log).";
 constexpr char kErrors[] = "ckptd_errors_total";
 constexpr char kErrorsHelp[] =
     "Errors by status code: calls answered with an error, and saves that an "
@@ -62,6 +66,18 @@ DaemonMetrics::DaemonMetrics()
           "block of a file padded to 4096).")),
       read_bytes_storage(registry_.AddCounter(kRead, kReadHelp, "source", "storage")),
       read_bytes_memory(registry_.AddCounter(kRead, kReadHelp, "source", "memory")),
+      read_bytes_remote(registry_.AddCounter(kRead, kReadHelp, "source", "remote")),
+      remote_uploads_committed(
+          registry_.AddCounter(kRemoteUploads, kRemoteUploadsHelp, "outcome", "committed")),
+      remote_uploads_failed(
+          registry_.AddCounter(kRemoteUploads, kRemoteUploadsHelp, "outcome", "failed")),
+      remote_uploaded_bytes(registry_.AddCounter(
+          "ckptd_remote_uploaded_bytes_total",
+          "Data-file bytes this node sent to the remote tier (parts retried by "
+          "the S3 client counted once).")),
+      remote_backlog(registry_.AddGauge(
+          "ckptd_remote_backlog",
+          "Checkpoints waiting for or in their upload to the remote tier.")),
       save_call_seconds(registry_.AddHistogram(
           "ckptd_save_call_seconds",
           "Time the daemon took to handle a Save call (validate, queue, answer).",

@@ -64,6 +64,13 @@ class DaemonMetrics {
   Counter& written_bytes;
   Counter& read_bytes_storage;
   Counter& read_bytes_memory;
+  Counter& read_bytes_remote;  // fetched from the remote tier for loads
+
+  // The remote tier (storage/remote_tier.h).
+  Counter& remote_uploads_committed;
+  Counter& remote_uploads_failed;
+  Counter& remote_uploaded_bytes;
+  Gauge& remote_backlog;  // uploads queued or running
   // Latencies, in seconds.
   Histogram& save_call_seconds;       // the Save RPC's handling
   Histogram& save_staged_seconds;     // accepted -> STAGED

@@ -306,7 +306,10 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
         ShardReader reader(pool, &queue);
         n = reader.Read(read.request);
         // Fetched bytes are the ones read from the (remote) storage.
-        if (n.ok() && fetched != nullptr) n = fetched->size();
+        if (n.ok() && fetched != nullptr) {
+          n = fetched->size();
+          DaemonMetrics::Get().read_bytes_remote.Add(fetched->size());
+        }
       } else {
         n = header.status();
       }

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
@@ -255,6 +256,9 @@ void RemoteTier::Run() {
     }
     const absl::Status status = UploadAndCommit(*upload);
     const RemoteProgress& p = upload->progress;
+    (status.ok() ? DaemonMetrics::Get().remote_uploads_committed
+                 : DaemonMetrics::Get().remote_uploads_failed)
+        .Add();
     if (status.ok()) {
       LogInfo(LogFields()
                   .Job(p.job)
@@ -390,6 +394,7 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
     }
     Update(upload, RemoteState::kUploading, uploaded_before + offset + length,
            upload.progress.files_uploaded);
+    DaemonMetrics::Get().remote_uploaded_bytes.Add(length);
     return part;
   };
   RETURN_IF_ERROR(Annotate(remote_->PutFromSource(key, size, source, options_.part_size), what));

@@ -46,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/byte_rate_limiter.h"
+#include "common/daemon_metrics.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/memory_tier.h"
@@ -203,6 +204,12 @@ class RemoteTier {
 
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+
+  // Read at each metrics render; last, so unbound before what it reads goes.
+  GaugeBinding backlog_gauge_ = DaemonMetrics::Get().remote_backlog.Bind([this] {
+    absl::MutexLock lock(&mu_);
+    return static_cast<double>(queue_.size() + (running_ != nullptr ? 1 : 0));
+  });
 };
 
 }  // namespace ckpt

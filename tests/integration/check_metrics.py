@@ -56,6 +56,9 @@ EXPECTED = {
     "ckptd_start_time_seconds": "gauge",
     "ckptd_errors": "counter",
     "ckptd_build_info": "gauge",
+    "ckptd_remote_uploads": "counter",
+    "ckptd_remote_uploaded_bytes": "counter",
+    "ckptd_remote_backlog": "gauge",
 }
 
 STATUS_CODES = [
