@@ -1,5 +1,7 @@
 #include "daemon/remote_store.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,6 +20,21 @@ namespace ckpt {
 absl::StatusOr<std::shared_ptr<ObjectStore>> OpenRemoteStore(const DaemonOptions& options) {
   const std::string& remote = options.remote;
   if (absl::StartsWith(remote, "/")) {
+    // Inside the root its jobs would look like the root's own jobs (and
+    // the root's like the remote tier's): two tiers on one disk are none.
+    std::error_code error;
+    const std::filesystem::path there = std::filesystem::weakly_canonical(remote, error);
+    const std::filesystem::path root = std::filesystem::weakly_canonical(options.root, error);
+    if (!error) {
+      auto [r, t] = std::mismatch(root.begin(), root.end(), there.begin(), there.end());
+      const bool remote_in_root = r == root.end();
+      const bool root_in_remote = t == there.end();
+      if (remote_in_root || root_in_remote) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--remote ", remote, " and --root ", options.root,
+            " overlap: the remote tier must be a directory of its own"));
+      }
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<PosixObjectStore> store, PosixObjectStore::Open(remote));
     return std::shared_ptr<ObjectStore>(std::move(store));
   }

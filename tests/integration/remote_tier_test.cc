@@ -112,6 +112,21 @@ TEST_CASE("replacement nodes with empty disks restore the job from the remote ti
   CHECK(!fs::exists(fs::path(replacement.root()) / "job"));
 }
 
+TEST_CASE("a --remote directory that overlaps --root is refused at start, naming both",
+          "[integration][remote]") {
+  TempDir dir;
+  fs::create_directories(fs::path(dir.path()) / "root" / "tier");
+  const std::string root = dir.path() + "/root";
+  for (const std::string& remote : {root + "/tier", dir.path()}) {
+    INFO(remote);
+    const ProcessResult run = RunProcess({CKPTD_BINARY, "--socket", dir.path() + "/ckptd.sock",
+                                          "--root", root, "--remote", remote});
+    INFO(run.out);
+    CHECK(run.exit_code != 0);
+    CHECK(run.out.find("overlap") != std::string::npos);
+  }
+}
+
 TEST_CASE("a daemon killed mid-upload resumes the upload when it starts again: the "
           "checkpoint is committed in the remote tier, no leftover of the killed upload stays",
           "[integration][remote]") {
