@@ -33,6 +33,23 @@
 #include "integration/daemon_fixture.h"
 #include "integration/test_rank.h"
 
+// The daemon under test is built like this test: under AddressSanitizer
+// its heap keeps freed blocks in quarantine and maps its own shadow, so
+// its RSS says nothing of what the daemon's code holds; the memory checks
+// below then check only the answers.
+#if defined(__SANITIZE_ADDRESS__)
+#define CKPT_DAEMON_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKPT_DAEMON_UNDER_ASAN 1
+#endif
+#endif
+#ifdef CKPT_DAEMON_UNDER_ASAN
+constexpr bool kRssMeansTheDaemon = false;
+#else
+constexpr bool kRssMeansTheDaemon = true;
+#endif
+
 namespace ckpt::testing {
 namespace {
 
@@ -630,6 +647,7 @@ TEST_CASE(
     CHECK(absl::StrContains(refusal.message(), "a layout of up to"));
     CHECK(absl::StrContains(refusal.message(), "--layout_bytes_per_session"));
   }
+  if (!kRssMeansTheDaemon) return;
   // The peak: the requests, plus at most the daemon's layout budget for
   // builds in flight (none here), plus slack for gRPC's own buffers.
   INFO("RSS " << rss_before << " before, peak " << peak << ", requests "
@@ -671,6 +689,7 @@ TEST_CASE(
     INFO(failure.ToString());
     CHECK((absl::IsInvalidArgument(failure) || absl::IsResourceExhausted(failure)));
   }
+  if (!kRssMeansTheDaemon) return;
   INFO("RSS " << rss_before << " before, peak " << peak << ", requests "
               << kRanks << " x " << c.request_bytes);
   CHECK(peak < rss_before + kRanks * c.request_bytes + kTotal + (16ull << 20));
