@@ -57,16 +57,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Budgets in seconds on 2 cores, 35 minutes in all (docs/TESTING.md). The
 # first pip install downloads torch (~2 minutes); later ones find it there.
-stage "pip install" 120 .venv/bin/python -m pip install -q --disable-pip-version-check \
+stage "pip install" 60 .venv/bin/python -m pip install -q --disable-pip-version-check \
   -r scripts/requirements-test.txt -r scripts/requirements-dcp.txt
-stage "build (gcc)" 420 scripts/build.sh
+stage "build (gcc)" 460 scripts/build.sh
 # The lock annotations are checked by clang (gcc ignores them).
 stage "thread-safety (clang)" 180 scripts/check-thread-safety.sh
 # -j2: the tests that would contend (the systemd boot, the two that compile a
 # package) take both slots (PROCESSORS 2, tests/CMakeLists.txt); the rest
 # also run 2 at a time under the sanitizers.
-stage "ctest" 400 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
+stage "ctest" 450 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
 if [ "${CKPT_SANITIZERS:-1}" != 0 ]; then
-  stage "sanitizers (asan)" 840 scripts/check-sanitizers.sh
-  stage "fuzzers" 140 scripts/run-fuzzers.sh
+  stage "sanitizers (asan)" 820 scripts/check-sanitizers.sh
+  stage "fuzzers" 130 scripts/run-fuzzers.sh
 fi
