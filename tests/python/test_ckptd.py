@@ -8,8 +8,10 @@ import multiprocessing
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+import traceback
 import unittest
 
 import numpy as np
@@ -115,11 +117,39 @@ def dtensor_rank(socket, store, rank, world, mode):
         dist.destroy_process_group()
 
 
+def exit_before_finalizing(code: int) -> None:
+    """Ends a rank process without the interpreter's finalization. A gloo
+    worker thread of torch drops a finished collective's tensors some time
+    after the caller saw it complete, and that takes the GIL; in an
+    interpreter that is finalizing, taking the GIL ends the thread
+    (pthread_exit), and its unwind through torch's noexcept work destructor
+    aborts the process (exit -6, "terminate called without an active
+    exception": seen in this suite with a rank's last DTensor.full_tensor()
+    on the default group, a core showing ~AsyncAllgatherCoalescedWork on
+    the gloo thread). That race is torch's, not the checkpoint's; ckptd's
+    own gloo group is released at exit (replica_exchange.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _rank_entry(target, args):
+    try:
+        target(*args)
+    except SystemExit as e:
+        exit_before_finalizing(e.code if isinstance(e.code, int) else 1)
+    except BaseException:  # noqa: BLE001 - reported as the process's own would be
+        traceback.print_exc()
+        exit_before_finalizing(1)
+    exit_before_finalizing(0)
+
+
 def run_ranks(target, world, *args):
     """Runs target(*args, rank, world, ...) in `world` fresh interpreters (gRPC
     does not survive fork in a process that used it); returns exit codes."""
     ctx = multiprocessing.get_context("spawn")
-    ranks = [ctx.Process(target=target, args=args[:2] + (r, world) + args[2:])
+    ranks = [ctx.Process(target=_rank_entry,
+                         args=(target, args[:2] + (r, world) + args[2:]))
              for r in range(world)]
     for p in ranks:
         p.start()

@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import ckptd.torch as ckpt
-from test_ckptd import Daemon
+from test_ckptd import Daemon, exit_before_finalizing
 
 WORLD = 2
 CASE_TIMEOUT_S = 120  # a hang; the slowest case takes a few seconds
@@ -704,6 +704,7 @@ def rank_main(store, rank, world, inbox, outbox):
         except BaseException:  # CheckpointException is a BaseException
             outbox.put((rank, traceback.format_exc()))
     dist.destroy_process_group()
+    exit_before_finalizing(0)
 
 
 class RankPool:

@@ -42,12 +42,24 @@ group could interleave them differently on different ranks. Gloo on CPU
 whatever the training's backend: the exchange moves a few bytes and needs
 no device.
 
+The group is released when the interpreter starts to exit (atexit), not
+left to the interpreter's final garbage collection: a gloo worker thread
+that drops the tensors of a finished collective takes the GIL to do it, and
+in an interpreter that is finalizing, taking the GIL ends the thread
+(pthread_exit), whose unwind through torch's noexcept work destructor
+aborts the process ("terminate called without an active exception", exit
+status -6, after a run that did everything right). Released at atexit, the
+group is destroyed while threads may still take the GIL (torch destroys a
+process group without holding it) and its worker threads are joined.
+
 Thread-safety: open() on the thread that makes the group's other
 collectives (group creation is one); exchange() one call at a time (the
 checkpointer's submit thread).
 """
 
+import atexit
 import pickle
+import weakref
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -67,6 +79,15 @@ class SaveInputError(CkptdError, ValueError):
 
 Descriptions = Dict[str, tuple]
 
+# Exchanges that made a group, released at exit (the module comment).
+_WITH_GROUPS: "weakref.WeakSet[ReplicaExchange]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_groups() -> None:
+    for exchange in list(_WITH_GROUPS):
+        exchange.close()
+
 
 def describe_tensor(t: torch.Tensor, dtype_name: str, check_bytes: int) -> tuple:
     nbytes = t.numel() * t.element_size()
@@ -85,6 +106,7 @@ class ReplicaExchange:
         import torch.distributed as dist
         self._dist = dist if dist.is_available() and dist.is_initialized() else None
         self._group = None
+        self._closed = False
         if self._dist is None:
             self.ranks, self.rank = [0], 0
             return
@@ -94,10 +116,23 @@ class ReplicaExchange:
     def open(self) -> None:
         """Creates the exchange's own group, once; every rank of the group
         calls it (ranks outside it need not)."""
-        if self.compares and self._group is None:
+        if self.compares and self._group is None and not self._closed:
             self._group = self._dist.new_group(
                 self.ranks, backend="gloo", use_local_synchronization=True,
                 group_desc="ckptd_replica_exchange")
+            _WITH_GROUPS.add(self)
+
+    def close(self) -> None:
+        """Destroys the exchange's group (still registered with
+        torch.distributed unless the caller destroyed every group); a later
+        save's exchange raises."""
+        group, self._group = self._group, None
+        self._closed = True
+        if group is not None and self._dist.is_initialized():
+            try:
+                self._dist.destroy_process_group(group)
+            except (ValueError, RuntimeError):
+                pass  # already destroyed with the default group: dropping it is enough
 
     @property
     def compares(self) -> bool:
@@ -125,6 +160,9 @@ class ReplicaExchange:
             if error is not None:
                 raise SaveInputError(error)
             return tuple(self.ranks), None
+        if self._closed:
+            raise CkptdError("the replica exchange's group was released: the "
+                             "interpreter is exiting; this save is not made")
         mine = values_mod.digest(
             pickle.dumps((names, error, None if error else key()), protocol=4))
         keys = self._all_gather_key(mine)
