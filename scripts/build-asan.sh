@@ -20,6 +20,7 @@ python_flag=()
 [ -x .venv/bin/python ] && python_flag=(-DPython3_EXECUTABLE="$PWD/.venv/bin/python")
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug \
   -DCKPT_WITH_CUDA=OFF -DCKPT_FUZZ=ON -UCMAKE_DISABLE_FIND_PACKAGE_pybind11 "${python_flag[@]}" \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
   -DCMAKE_C_FLAGS="-O1 $sanitize" -DCMAKE_CXX_FLAGS="-O1 $sanitize" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitize" -DCMAKE_SHARED_LINKER_FLAGS="$sanitize" \
   -DCMAKE_MODULE_LINKER_FLAGS="$sanitize" >/dev/null

@@ -60,13 +60,20 @@ fi
 stage "pip install" 60 .venv/bin/python -m pip install -q --disable-pip-version-check \
   -r scripts/requirements-test.txt -r scripts/requirements-dcp.txt
 stage "build (gcc)" 460 scripts/build.sh
-# The lock annotations are checked by clang (gcc ignores them).
-stage "thread-safety (clang)" 180 scripts/check-thread-safety.sh
+# The lock annotations are checked by clang (gcc ignores them). The
+# sanitizer build is clang with the same -Wthread-safety -Werror, so when it
+# runs it checks every unit it compiles, and the check here takes only the
+# rest afterwards (the CUDA sources that build leaves out): ~3 minutes less.
+if [ "${CKPT_SANITIZERS:-1}" = 0 ]; then
+  stage "thread-safety (clang)" 180 scripts/check-thread-safety.sh
+fi
 # -j2: the tests that would contend (the systemd boot, the two that compile a
 # package) take both slots (PROCESSORS 2, tests/CMakeLists.txt); the rest
 # also run 2 at a time under the sanitizers.
 stage "ctest" 450 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
 if [ "${CKPT_SANITIZERS:-1}" != 0 ]; then
   stage "sanitizers (asan)" 820 scripts/check-sanitizers.sh
+  stage "thread-safety (rest)" 40 env \
+    CKPT_THREAD_SAFETY_COVERED_BY=build-asan/compile_commands.json scripts/check-thread-safety.sh
   stage "fuzzers" 130 scripts/run-fuzzers.sh
 fi
