@@ -88,7 +88,7 @@ struct RankResult {
   uint64_t bytes = 0;
   double restore_s = 0;
   uint64_t bytes_read = 0;  // of this rank's load round
-  int source = 0;           // of its load: 0 storage, 1 memory, 2 mixed, 3 remote
+  int source = 0;  // of its load: 0 storage, 1 memory, 2 mixed, 3 remote, 4 storage+remote
   double define_layout_ms = 0;
   std::vector<double> save_call_ms, staged_s, durable_s, committed_s;
 };
@@ -281,6 +281,7 @@ absl::Status LoadRank(const Args& args, uint32_t rank, RankResult* out) {
   out->source = response.source() == "memory"   ? 1
                 : response.source() == "mixed"  ? 2
                 : response.source() == "remote" ? 3
+                : response.source() == "storage+remote" ? 4
                                                 : 0;
 
   // What the saving job held: every shard of every tensor, once.
@@ -568,8 +569,10 @@ int main(int argc, char** argv) {
   uint64_t bytes_read = 0;
   for (uint64_t n : node_read) bytes_read += n;
   bool any_memory = false, all_memory = !loads.empty(), all_remote = !loads.empty();
+  bool any_mended = false;  // a local file read from the remote tier's copy
   for (const RankResult& r : loads) {
     any_memory = any_memory || r.source == 1 || r.source == 2;
+    any_mended = any_mended || r.source == 4;
     all_memory = all_memory && r.source == 1;
     all_remote = all_remote && r.source == 3;
   }
@@ -577,6 +580,7 @@ int main(int argc, char** argv) {
                        : all_remote   ? "remote"
                        : all_memory   ? "memory"
                        : any_memory   ? "mixed"
+                       : any_mended   ? "storage+remote"
                                       : "storage";
   const uint64_t unique =
       ckpt::bench::UniqueBytes(ckpt::bench::GlobalTensors(args.layout));

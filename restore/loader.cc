@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -13,6 +14,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "restore/load_plan.h"
 #include "restore/read_split.h"
 #include "restore/shard_reader.h"
@@ -64,6 +66,28 @@ struct RoundRun {
   std::atomic<size_t> files_from_memory{0};
   // Set when the checkpoint is read from the remote tier (no local files).
   const RemoteTier* remote = nullptr;
+  // The remote tier a local file that cannot be read is read from instead
+  // (ReadRemoteCopy); null when the round reads the remote tier anyway or
+  // the daemon has none.
+  const RemoteTier* fallback = nullptr;
+  std::atomic<size_t> files_from_fallback{0};
+
+  // OK if the remote tier holds this very checkpoint: its COMMIT equal to
+  // the local one, so its files are the ones the local checksums describe.
+  // Asked once per round, by the first file that needs it.
+  absl::Status FallbackHoldsSame() {
+    absl::call_once(fallback_checked_, [this] {
+      absl::StatusOr<v1::CommitRecord> there = fallback->ReadCommit(job, checkpoint);
+      if (!there.ok()) {
+        fallback_status_ = there.status();
+      } else if (!google::protobuf::util::MessageDifferencer::Equals(*there, record)) {
+        fallback_status_ = absl::FailedPreconditionError(absl::StrCat(
+            "the remote tier's COMMIT of ", job, "/", checkpoint,
+            " differs from the local one"));
+      }
+    });
+    return fallback_status_;
+  }
 
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
@@ -79,14 +103,71 @@ struct RoundRun {
       }
       e.response.set_bytes_read(bytes_read.load());
       const size_t from_memory = files_from_memory.load();
-      e.response.set_source(remote != nullptr             ? "remote"
-                            : from_memory == 0            ? "storage"
-                            : from_memory == files.size() ? "memory"
-                                                          : "mixed");
+      e.response.set_source(remote != nullptr                ? "remote"
+                            : files_from_fallback.load() > 0 ? "storage+remote"
+                            : from_memory == 0               ? "storage"
+                            : from_memory == files.size()    ? "memory"
+                                                             : "mixed");
       e.done(std::move(e.response));
     }
   }
+
+ private:
+  absl::once_flag fallback_checked_;
+  absl::Status fallback_status_;  // set once, by FallbackHoldsSame
 };
+
+void KeepImagesForever(const std::vector<std::shared_ptr<const FileImage>>& images);
+
+// Whether a local file's read failed in a way its remote copy can mend:
+// the file missing, unreadable, short or failing its checksums, an I/O
+// error. Not a cancelled load, a pool or memory shortage, or memory a GPU
+// copy may still read: those would fail the same way again.
+bool RemoteCopyMayMend(const absl::Status& status) {
+  if (HostMemoryInUse(status)) return false;
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A local file that could not be read (`local_error`) read from the remote
+// tier's copy of the same checkpoint instead, verified against the same
+// per-block checksums (a remote copy damaged too fails as the local one
+// did). Returns the bytes fetched, or the local error with why the remote
+// copy did not mend it.
+absl::StatusOr<uint64_t> ReadRemoteCopy(RoundRun& run, ShardReadRequest& request,
+                                        ShardReader& reader, const absl::Status& local_error) {
+  auto unmended = [&](const absl::Status& why) {
+    return absl::Status(local_error.code(),
+                        absl::StrCat(local_error.message(), " (the remote tier's copy did not "
+                                     "mend it: ", why.message(), ")"));
+  };
+  if (absl::Status same = run.FallbackHoldsSame(); !same.ok()) return unmended(same);
+  absl::StatusOr<std::shared_ptr<const FileImage>> image =
+      run.fallback->FetchFile(run.job, run.checkpoint, request.name, request.file_size);
+  if (!image.ok()) return unmended(image.status());
+  LogWarning("load of ", run.job, "/", run.checkpoint, ": local file ", request.name,
+             " could not be read (", local_error.message(),
+             "); reading the remote tier's copy");
+  request.memory_image = (*image)->data();
+  absl::StatusOr<uint64_t> n = reader.Read(request);
+  request.memory_image = nullptr;  // the image is released below
+  if (!n.ok()) {
+    if (HostMemoryInUse(n.status())) KeepImagesForever({*image});
+    return unmended(n.status());
+  }
+  ++run.files_from_fallback;
+  DaemonMetrics::Get().read_bytes_remote.Add((*image)->size());
+  return (*image)->size();
+}
 
 // Memory tier images that copies into GPU memory may still read (they did
 // not end: HostMemoryInUse) are never unpinned nor unmapped: they are kept
@@ -201,6 +282,7 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   }
   std::map<int, std::vector<Delivery>> deliveries = MergeLoadPlans(&plans);
   plans.clear();
+  if (run->remote == nullptr) run->fallback = remote;
   if (!deliveries.empty() && run->remote == nullptr) {
     auto dir = store->OpenCheckpoint(index.job(), index.checkpoint());
     if (!dir.ok()) {
@@ -309,6 +391,10 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
         if (n.ok() && fetched != nullptr) {
           n = fetched->size();
           DaemonMetrics::Get().read_bytes_remote.Add(fetched->size());
+        }
+        if (!n.ok() && run->fallback != nullptr && read.request.memory_image == nullptr &&
+            RemoteCopyMayMend(n.status())) {
+          n = ReadRemoteCopy(*run, read.request, reader, n.status());
         }
       } else {
         n = header.status();

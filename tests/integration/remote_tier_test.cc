@@ -2,6 +2,7 @@
 // copied to the remote tier (here a directory, as a shared file system) and
 // the checkpoint committed there with the local COMMIT's bytes, every file
 // whole, off the trainer's path.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -153,6 +154,66 @@ TEST_CASE("a daemon killed mid-upload resumes the upload when it starts again: t
     INFO(entry.path());
     CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
   }
+}
+
+TEST_CASE("a local data file that is damaged or missing is read from the remote tier's copy "
+          "of the same checkpoint, every block checked, and a damaged remote copy mends nothing",
+          "[integration][remote]") {
+  TempDir remote;
+  DaemonProcess daemon({"--remote", remote.path()});
+  const std::vector<std::string> job = {
+      "--socket", daemon.socket(), "--job", "job", "--nodes", "1", "--ranks-per-node", "2",
+      "--replicas", "1", "--layout", "uniform", "--tensors", "8", "--bytes-per-rank",
+      std::to_string(2 << 20)};
+  auto loadgen = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {LOADGEN_BINARY};
+    args.insert(args.end(), job.begin(), job.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunProcess(args);
+  };
+  const ProcessResult saved = loadgen({"--saves", "1"});
+  INFO(saved.out);
+  REQUIRE(saved.exit_code == 0);
+  const fs::path local = fs::path(daemon.root()) / "job" / "step-00000001";
+  const fs::path there = fs::path(remote.path()) / "job" / "step-00000001";
+  REQUIRE(Appears(there / "COMMIT", std::chrono::seconds(60)));
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(local)) {
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 2);
+  // A restarted daemon has no memory tier: the files are read from disk.
+  daemon.Kill();
+  auto flip_middle_byte = [](const fs::path& path) {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(file.good());
+    const std::streamoff middle = static_cast<std::streamoff>(fs::file_size(path) / 2);
+    file.seekg(middle);
+    const char byte = static_cast<char>(file.get() ^ 0x5a);
+    file.seekp(middle);
+    file.put(byte);
+    REQUIRE(file.good());
+  };
+  flip_middle_byte(files[0]);
+  fs::remove(files[1]);
+  daemon.Restart();
+  const std::vector<std::string> restore = {"--saves", "0", "--first-step", "2", "--restore"};
+  const ProcessResult mended = loadgen(restore);
+  INFO(mended.out);
+  REQUIRE(mended.exit_code == 0);
+  CHECK(JsonField(mended.out, "verified") == "true");
+  CHECK(JsonField(mended.out, "restore_source") == "storage+remote");
+  // The remote copy of the damaged file damaged too: the load fails, naming
+  // the local damage and why the remote copy did not mend it.
+  daemon.Kill();
+  flip_middle_byte(there / files[0].filename());
+  daemon.Restart();
+  const ProcessResult failed = loadgen(restore);
+  INFO(failed.out);
+  CHECK(failed.exit_code != 0);
+  CHECK(failed.out.find(files[0].filename().string()) != std::string::npos);
+  CHECK(failed.out.find("remote tier's copy did not mend it") != std::string::npos);
 }
 
 TEST_CASE("with --remote s3://, two nodes' checkpoint is committed in the bucket with the "
