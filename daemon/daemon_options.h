@@ -136,6 +136,9 @@ struct DaemonOptions {
   // upload and remote commit may take before they fail, naming why.
   uint64_t remote_max_bytes_per_second = 0;
   uint64_t remote_upload_timeout_ms = 1'800'000;
+  // Memory for the windows of remote files a restore fetches at once (a
+  // window holds at most this much; files of any size restore in windows).
+  uint64_t remote_fetch_bytes = 4ull << 30;
 };
 
 }  // namespace ckpt

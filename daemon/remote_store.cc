@@ -76,6 +76,7 @@ RemoteTierOptions RemoteTierOptionsOf(const DaemonOptions& options) {
   remote.nodes = options.nodes;
   remote.max_bytes_per_second = options.remote_max_bytes_per_second;
   remote.upload_timeout = absl::Milliseconds(options.remote_upload_timeout_ms);
+  remote.fetch_bytes = options.remote_fetch_bytes;
   return remote;
 }
 

@@ -67,7 +67,7 @@ struct RoundRun {
   // Set when the checkpoint is read from the remote tier (no local files).
   const RemoteTier* remote = nullptr;
   // The remote tier a local file that cannot be read is read from instead
-  // (ReadRemoteCopy); null when the round reads the remote tier anyway or
+  // (MendFromRemote); null when the round reads the remote tier anyway or
   // the daemon has none.
   const RemoteTier* fallback = nullptr;
   std::atomic<size_t> files_from_fallback{0};
@@ -138,12 +138,49 @@ bool RemoteCopyMayMend(const absl::Status& status) {
   }
 }
 
+// Reads `request` from the remote tier's copy of its file, window by
+// window: each window's bytes (ShardReader::Extent) are fetched with ranged
+// GETs into memory and verified block by block like a memory-tier image, so
+// a file of any size restores within the tier's fetch_bytes. Windows hold
+// about a quarter of fetch_bytes (cut at checksum blocks), so several
+// workers fetch at once. Returns the bytes fetched.
+absl::StatusOr<uint64_t> ReadFromRemote(const RoundRun& run, const RemoteTier& tier,
+                                        const ShardReadRequest& request, ShardReader& reader) {
+  uint64_t widened = 0;  // a zero block size is refused by Extent below
+  for (const ItemRead& item : request.items) {
+    if (request.checksum_block_bytes == 0 || !ItemReadInBounds(item, request.file_size)) break;
+    const FileRange range = WidenedItemRange(item, request.checksum_block_bytes);
+    widened += range.end - std::min(range.begin, range.end);
+  }
+  const uint64_t window = std::max<uint64_t>(tier.fetch_bytes() / 4, 1);
+  const size_t windows = static_cast<size_t>(std::max<uint64_t>((widened + window - 1) / window, 1));
+  uint64_t fetched = 0;
+  for (ShardReadRequest& part : SplitShardRead(request, windows, /*min_part_bytes=*/0)) {
+    ASSIGN_OR_RETURN(const FileRange extent, reader.Extent(part));
+    if (extent.end <= extent.begin) continue;
+    ASSIGN_OR_RETURN(std::shared_ptr<const FileImage> image,
+                     tier.FetchRange(run.job, run.checkpoint, part.name, part.file_size,
+                                     extent.begin, extent.end - extent.begin));
+    part.memory_image = image->data();
+    part.memory_image_offset = extent.begin;
+    part.memory_image_end = extent.end;
+    absl::StatusOr<uint64_t> n = reader.Read(part);
+    if (!n.ok()) {
+      if (HostMemoryInUse(n.status())) KeepImagesForever({image});
+      return n.status();
+    }
+    fetched += image->size();
+  }
+  DaemonMetrics::Get().read_bytes_remote.Add(fetched);
+  return fetched;
+}
+
 // A local file that could not be read (`local_error`) read from the remote
 // tier's copy of the same checkpoint instead, verified against the same
 // per-block checksums (a remote copy damaged too fails as the local one
 // did). Returns the bytes fetched, or the local error with why the remote
 // copy did not mend it.
-absl::StatusOr<uint64_t> ReadRemoteCopy(RoundRun& run, ShardReadRequest& request,
+absl::StatusOr<uint64_t> MendFromRemote(RoundRun& run, const ShardReadRequest& request,
                                         ShardReader& reader, const absl::Status& local_error) {
   auto unmended = [&](const absl::Status& why) {
     return absl::Status(local_error.code(),
@@ -151,28 +188,15 @@ absl::StatusOr<uint64_t> ReadRemoteCopy(RoundRun& run, ShardReadRequest& request
                                      "mend it: ", why.message(), ")"));
   };
   if (absl::Status same = run.FallbackHoldsSame(); !same.ok()) return unmended(same);
-  absl::StatusOr<std::shared_ptr<const FileImage>> image =
-      run.fallback->FetchFile(run.job, run.checkpoint, request.name, request.file_size);
-  if (!image.ok()) return unmended(image.status());
   LogWarning("load of ", run.job, "/", run.checkpoint, ": local file ", request.name,
              " could not be read (", local_error.message(),
              "); reading the remote tier's copy");
-  request.memory_image = (*image)->data();
-  absl::StatusOr<uint64_t> n = reader.Read(request);
-  request.memory_image = nullptr;  // the image is released below
-  if (!n.ok()) {
-    if (HostMemoryInUse(n.status())) KeepImagesForever({*image});
-    return unmended(n.status());
-  }
+  absl::StatusOr<uint64_t> n = ReadFromRemote(run, *run.fallback, request, reader);
+  if (!n.ok()) return unmended(n.status());
   ++run.files_from_fallback;
-  DaemonMetrics::Get().read_bytes_remote.Add((*image)->size());
-  return (*image)->size();
+  return n;
 }
 
-// Memory tier images that copies into GPU memory may still read (they did
-// not end: HostMemoryInUse) are never unpinned nor unmapped: they are kept
-// for the daemon's life, as withheld staging buffers are, and the tier
-// never evicts a checkpoint whose image is held.
 void KeepImagesForever(const std::vector<std::shared_ptr<const FileImage>>& images) {
   if (images.empty()) return;
   static absl::Mutex mu(absl::kConstInit);
@@ -351,7 +375,8 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
     std::sort(req.items.begin(), req.items.end(), [](const ItemRead& a, const ItemRead& b) {
       return a.item_file_offset < b.item_file_offset;
     });
-    // A remote file is fetched whole by the one worker that reads it.
+    // A remote file is fetched window by window by the one worker that
+    // reads it (ReadFromRemote).
     const bool from_memory = req.memory_image != nullptr;
     std::vector<ShardReadRequest> parts =
         SplitShardRead(std::move(req), from_memory ? workers->size() : 1, kMinPartBytes);
@@ -372,35 +397,21 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
                                         std::move(chunks));
       }
       absl::StatusOr<uint64_t> n = uint64_t{0};
-      std::shared_ptr<const FileImage> fetched;
-      if (header.ok() && run->remote != nullptr) {
-        absl::StatusOr<std::shared_ptr<const FileImage>> got = run->remote->FetchFile(
-            run->job, run->checkpoint, read.request.name, read.request.file_size);
-        if (got.ok()) {
-          fetched = *std::move(got);
-          read.request.memory_image = fetched->data();
-        } else {
-          header = got.status();
-        }
-      }
       if (header.ok()) {
         read.request.expected_header = *std::move(header);
         ShardReader reader(pool, &queue);
-        n = reader.Read(read.request);
-        // Fetched bytes are the ones read from the (remote) storage.
-        if (n.ok() && fetched != nullptr) {
-          n = fetched->size();
-          DaemonMetrics::Get().read_bytes_remote.Add(fetched->size());
-        }
-        if (!n.ok() && run->fallback != nullptr && read.request.memory_image == nullptr &&
-            RemoteCopyMayMend(n.status())) {
-          n = ReadRemoteCopy(*run, read.request, reader, n.status());
+        if (run->remote != nullptr) {
+          // Fetched bytes are the ones read from the (remote) storage.
+          n = ReadFromRemote(*run, *run->remote, read.request, reader);
+        } else {
+          n = reader.Read(read.request);
+          if (!n.ok() && run->fallback != nullptr && read.request.memory_image == nullptr &&
+              RemoteCopyMayMend(n.status())) {
+            n = MendFromRemote(*run, read.request, reader, n.status());
+          }
         }
       } else {
         n = header.status();
-      }
-      if (!n.ok() && HostMemoryInUse(n.status()) && fetched != nullptr) {
-        KeepImagesForever({fetched});
       }
       if (n.ok()) {
         run->bytes_read += *n;

@@ -379,12 +379,19 @@ class WindowConsumer {
 absl::Status ConsumeImage(const ReadPlan& plan, uint64_t window_bytes,
                           WindowConsumer& consumer) {
   const ShardReadRequest& req = *plan.req;
+  const uint64_t image_end = std::min(req.memory_image_end, req.file_size);
   WindowPlanner planner(plan, window_bytes);
   while (!planner.done()) {
     ASSIGN_OR_RETURN(const PlannedWindow w, planner.Next());
     const uint64_t bytes =
         w.offset >= req.file_size ? 0 : std::min(w.length, req.file_size - w.offset);
-    const char* data = bytes == 0 ? nullptr : req.memory_image + w.offset;
+    if (bytes != 0 && (w.offset < req.memory_image_offset || w.offset + bytes > image_end)) {
+      return absl::InternalError(absl::StrCat(
+          req.path, ": the read needs bytes [", w.offset, ", ", w.offset + bytes,
+          ") but the image holds [", req.memory_image_offset, ", ", image_end, ")"));
+    }
+    const char* data =
+        bytes == 0 ? nullptr : req.memory_image + (w.offset - req.memory_image_offset);
     RETURN_IF_ERROR(consumer.Consume(data, w, bytes));
     DaemonMetrics::Get().read_bytes_memory.Add(bytes);
   }
@@ -430,6 +437,14 @@ bool ItemReadInBounds(const ItemRead& item, uint64_t file_size) {
     bad = bad || d.begin > d.end || d.end > item.item_length || d.destination == nullptr;
   }
   return !bad;
+}
+
+absl::StatusOr<FileRange> ShardReader::Extent(const ShardReadRequest& req) const {
+  ASSIGN_OR_RETURN(const ReadPlan plan, PlanRead(req, pool_->buffer_bytes()));
+  if (plan.segments.empty()) return FileRange{};
+  // Segments are page-aligned and windows never leave them.
+  return FileRange{.begin = std::min(plan.segments.front().begin, req.file_size),
+                   .end = std::min(plan.segments.back().end, req.file_size)};
 }
 
 absl::StatusOr<uint64_t> ShardReader::Read(const ShardReadRequest& req) {

@@ -125,6 +125,11 @@ struct ShardReadRequest {
   // Optional: the file's bytes already in memory (a MemoryTier image of
   // file_size bytes); read from there instead of the file, verified alike.
   const char* memory_image = nullptr;
+  // Where memory_image holds only part of the file (a window fetched from
+  // the remote tier): the file offset of memory_image[0], and the end of the
+  // bytes it holds. The read must lie within them (ShardReader::Extent).
+  uint64_t memory_image_offset = 0;
+  uint64_t memory_image_end = UINT64_MAX;  // file_size
 };
 
 class ShardReader {
@@ -136,6 +141,10 @@ class ShardReader {
   // amplification of the data, which dedupe accounting compares with the
   // unique bytes.
   absl::StatusOr<uint64_t> Read(const ShardReadRequest& request);
+  // The bytes of the file Read(request) touches (whole pages and blocks,
+  // the header's bytes included), within [0, file_size): what a partial
+  // memory image must hold. Checks the request as Read does.
+  absl::StatusOr<FileRange> Extent(const ShardReadRequest& request) const;
 
  private:
   StagingPool* const pool_;

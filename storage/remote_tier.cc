@@ -460,14 +460,19 @@ absl::Status RemoteTier::UpdateLatest(const std::string& job, const std::string&
                       absl::StrCat(checkpoint, "\n", record.committed_unix_micros(), "\n"));
 }
 
-absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchFile(
+absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     const std::string& job, const std::string& checkpoint, const std::string& file,
-    uint64_t size) const {
+    uint64_t file_size, uint64_t offset, uint64_t length) const {
   const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
-  const std::string what = absl::StrCat("fetch of ", remote_->Describe(key));
+  const std::string what = absl::StrCat("fetch of ", remote_->Describe(key), " bytes [",
+                                        offset, ", ", offset + length, ")");
+  if (offset > file_size || length > file_size - offset) {
+    return absl::InternalError(absl::StrCat(what, ": beyond the file's ", file_size, " bytes"));
+  }
+  const uint64_t size = length;
   if (size == 0 || size > options_.fetch_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", size, " bytes, and restores from the remote tier fetch files of 1 to ",
+        what, ": ", size, " bytes, and restores from the remote tier fetch windows of 1 to ",
         options_.fetch_bytes, " bytes (fetch_bytes)"));
   }
   const absl::Time deadline = absl::Now() + options_.fetch_timeout;
@@ -493,21 +498,20 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchFile(
     release();
     return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot map ", size, " bytes"));
   }
-  for (uint64_t offset = 0; offset < size; offset += options_.part_size) {
-    const uint64_t length = std::min<uint64_t>(options_.part_size, size - offset);
+  for (uint64_t at = 0; at < size; at += options_.part_size) {
+    const uint64_t part = std::min<uint64_t>(options_.part_size, size - at);
     absl::Status failed;
     if (absl::Now() > deadline) {
       failed = absl::DeadlineExceededError(
           absl::StrCat("not fetched within ", absl::FormatDuration(options_.fetch_timeout)));
     } else {
-      absl::StatusOr<size_t> read =
-          remote_->Get(key, absl::MakeSpan(image->data() + offset, length),
-                       ObjectRange{offset, length});
+      absl::StatusOr<size_t> read = remote_->Get(key, absl::MakeSpan(image->data() + at, part),
+                                                 ObjectRange{offset + at, part});
       if (!read.ok()) {
         failed = read.status();
-      } else if (*read != length) {
-        failed = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset,
-                                                  " where its COMMIT lists ", length));
+      } else if (*read != part) {
+        failed = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset + at,
+                                                  " where its COMMIT lists ", part));
       }
     }
     if (!failed.ok()) {

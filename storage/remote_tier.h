@@ -65,9 +65,9 @@ struct RemoteTierOptions {
   absl::Duration upload_timeout = absl::Minutes(30);
   size_t max_queued = 16;
   size_t history = 64;  // finished uploads kept for status
-  // Restores from the remote tier: memory for the files being fetched at
-  // once (a file larger than this cannot be fetched), and how long a fetch
-  // waits for that memory and its requests together.
+  // Restores from the remote tier: memory for the file windows being
+  // fetched at once (one window holds at most this much), and how long a
+  // fetch waits for that memory and its requests together.
   uint64_t fetch_bytes = 4ull << 30;
   absl::Duration fetch_timeout = absl::Minutes(10);
 };
@@ -140,14 +140,17 @@ class RemoteTier {
                                               const std::string& checkpoint) const;
   // The remote tier's LATEST of `job`; NotFound if none.
   absl::StatusOr<RemoteLatest> ReadLatest(const std::string& job) const;
-  // A data file of a checkpoint committed there, fetched whole into memory
-  // with ranged GETs (part_size each), within fetch_bytes: waits while
-  // other fetches hold the memory, up to fetch_timeout. The bytes are not
+  // Bytes [offset, offset + length) of a data file of `file_size` bytes of
+  // a checkpoint committed there, fetched into memory with ranged GETs
+  // (part_size each), within fetch_bytes: waits while other fetches hold
+  // the memory, up to fetch_timeout. A file larger than fetch_bytes is
+  // fetched window by window (restore/loader.cc). The bytes are not
   // verified here: the reader verifies every block, as from storage.
-  absl::StatusOr<std::shared_ptr<const FileImage>> FetchFile(const std::string& job,
-                                                             const std::string& checkpoint,
-                                                             const std::string& file,
-                                                             uint64_t size) const;
+  absl::StatusOr<std::shared_ptr<const FileImage>> FetchRange(
+      const std::string& job, const std::string& checkpoint, const std::string& file,
+      uint64_t file_size, uint64_t offset, uint64_t length) const;
+  // The most a window of one fetch may hold (fetch_bytes).
+  uint64_t fetch_bytes() const { return options_.fetch_bytes; }
   // "s3://bucket/prefix/job/checkpoint/file", for messages.
   std::string DescribeFile(const std::string& job, const std::string& checkpoint,
                            const std::string& file) const;

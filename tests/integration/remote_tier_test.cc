@@ -79,7 +79,7 @@ TEST_CASE("with --remote, two nodes' checkpoints are committed in the remote tie
 }
 
 TEST_CASE("replacement nodes with empty disks restore the job from the remote tier alone, "
-          "resharded, every byte checked",
+          "resharded, every byte checked, fetching files in windows smaller than a file",
           "[integration][remote]") {
   TempDir remote;
   const std::vector<std::string> flags = {"--remote", remote.path()};
@@ -97,7 +97,12 @@ TEST_CASE("replacement nodes with empty disks restore the job from the remote ti
     REQUIRE(Appears(fs::path(remote.path()) / "job" / "step-00000002" / "COMMIT",
                     std::chrono::seconds(60)));
   }  // the first nodes and their disks are gone
-  Cluster replacement(2, flags);
+  // 2 MiB of fetch memory: every file of ~2 MiB and more is fetched in
+  // windows of about 512 KiB (whole 1 MiB checksum blocks), one at a time.
+  std::vector<std::string> replacement_flags = flags;
+  replacement_flags.insert(replacement_flags.end(),
+                           {"--remote_fetch_bytes", std::to_string(2 << 20)});
+  Cluster replacement(2, replacement_flags);
   REQUIRE(!fs::exists(fs::path(replacement.root()) / "job"));
   // step-00000002 into 6 ranks (FSDP) over the two new nodes.
   std::vector<std::string> args = {LOADGEN_BINARY, "--socket", replacement.socket_template(),
