@@ -332,6 +332,9 @@ class KubernetesManifests(unittest.TestCase):
         # One daemon per pod, each its node of the job: the index, of the
         # job's pod count.
         self.assertEqual(flags["node_id"], "$(JOB_COMPLETION_INDEX)")
+        index = next(e for e in sidecar["env"] if e["name"] == "JOB_COMPLETION_INDEX")
+        self.assertEqual(index["valueFrom"]["fieldRef"]["fieldPath"],
+                         "metadata.annotations['batch.kubernetes.io/job-completion-index']")
         self.assertEqual(int(flags["nodes"]), job["spec"]["completions"])
         self.assertEqual(job["spec"]["completionMode"], "Indexed")
         trainer = spec["containers"][0]
