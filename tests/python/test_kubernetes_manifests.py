@@ -29,7 +29,13 @@ than restated here:
   variable, through its environment;
 - the grace period leaves the drain its time (drain_timeout_ms + 15 s);
 - the Prometheus annotations name a port a container serves, whose
-  textfile directory is the one ckptd's metrics_file is written to.
+  textfile directory is the one ckptd's metrics_file is written to;
+- with CKPTD_BINARY and CKPTCTL_BINARY set (ctest sets them), the
+  ConfigMaps' config files start a real daemon: each is passed with
+  --config as the manifests pass it, with only the paths that lie on the
+  node (socket, root, metrics file) and the pool's size moved to a scratch
+  directory by flags, and the daemon must answer `ckptctl status` and stop
+  cleanly on SIGTERM (a misspelt key or a bad value refuses the start).
 
 Run as: python test_kubernetes_manifests.py (in this directory).
 Exits 77 (ctest: skipped), saying why, where kubernetes-validate or PyYAML
@@ -39,7 +45,11 @@ is not installed.
 import os
 import posixpath
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -348,6 +358,76 @@ class KubernetesManifests(unittest.TestCase):
         self.assertIsInstance(spec["securityContext"]["runAsUser"], int)
         for c in (sidecar, trainer):
             self.assertNotIn("runAsUser", c.get("securityContext", {}))
+
+
+@unittest.skipUnless(os.environ.get("CKPTD_BINARY") and os.environ.get("CKPTCTL_BINARY"),
+                     "CKPTD_BINARY and CKPTCTL_BINARY are not set (ctest sets them)")
+class ConfigMapsStartTheDaemon(unittest.TestCase):
+    """The config files the ConfigMaps carry, read by the daemon itself."""
+
+    def run_daemon(self, conf_text, args):
+        tmp = tempfile.mkdtemp(prefix="ckptd-k8s-conf-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        conf = os.path.join(tmp, "ckptd.conf")
+        with open(conf, "w", encoding="utf-8") as f:
+            f.write(conf_text)
+        os.makedirs(os.path.join(tmp, "run"))
+        os.makedirs(os.path.join(tmp, "metrics"))
+        socket = os.path.join(tmp, "run", "ckptd.sock")
+        flags = flags_of(args)
+        # As the manifests start it, with the node's paths moved here (and
+        # a small pool: the file's value is still parsed and checked).
+        cmd = [os.environ["CKPTD_BINARY"], f"--config={conf}"]
+        for name, value in flags.items():
+            if name == "config":
+                continue
+            if name == "remote_credentials_file":
+                value = os.path.join(tmp, "credentials")  # read only with `remote`
+            cmd.append(f"--{name}={value}")
+        cmd += [f"--socket={socket}", f"--root={tmp}/root",
+                f"--pool_bytes={16 << 20}", "--io_workers=2"]
+        if parse_conf(conf_text).get("metrics_file"):
+            cmd.append(f"--metrics_file={tmp}/metrics/ckptd.prom")
+        if os.geteuid() != 0 and parse_conf(conf_text).get("socket_group"):
+            cmd.append("--socket_group=")  # chown to the group needs root
+        log = open(os.path.join(tmp, "ckptd.log"), "w+", encoding="utf-8")
+        self.addCleanup(log.close)
+        daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: daemon.poll() is None and daemon.kill())
+        deadline = time.monotonic() + 10
+        while True:
+            status = subprocess.run([os.environ["CKPTCTL_BINARY"], "--socket", socket, "status"],
+                                    capture_output=True, text=True)
+            if status.returncode == 0:
+                break
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                self.fail(f"ckptd did not serve with {cmd}:\n{log.read()}")
+            time.sleep(0.05)
+        if "--metrics_file" in " ".join(cmd):
+            self.assertTrue(os.path.exists(f"{tmp}/metrics/ckptd.prom"))
+        daemon.send_signal(signal.SIGTERM)
+        self.assertEqual(daemon.wait(timeout=20), 0)
+        return status.stdout
+
+    def test_the_daemonsets_config(self):
+        docs = [d for ds in load_manifests().values() for d in ds]
+        conf = next(d for d in docs if d["kind"] == "ConfigMap"
+                    and d["metadata"]["name"] == "ckptd-config")["data"]["ckptd.conf"]
+        ds = next(d for d in docs if d["kind"] == "DaemonSet")
+        daemon = next(c for c in pod_spec(ds)["containers"] if c["name"] == "ckptd")
+        out = self.run_daemon(conf, daemon["args"])
+        self.assertIn("node 0/1", out)
+
+    def test_the_sidecars_config(self):
+        docs = [d for ds in load_manifests().values() for d in ds]
+        conf = next(d for d in docs if d["kind"] == "ConfigMap"
+                    and d["metadata"]["name"] == "ckptd-sidecar-config")["data"]["ckptd.conf"]
+        job = next(d for d in docs if d["kind"] == "Job")
+        args = [a.replace("$(JOB_COMPLETION_INDEX)", "1")
+                for a in pod_spec(job)["initContainers"][0]["args"]]
+        out = self.run_daemon(conf, args)
+        self.assertIn(f"node 1/{job['spec']['completions']}", out)
 
 
 if __name__ == "__main__":
