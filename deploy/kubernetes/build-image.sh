@@ -190,19 +190,46 @@ mkdir -p "$work/demo"
     echo "-- the daemon log (pool pinning, I/O backend, drain)"
     grep -E "mlock|unpinned|io_uring|pread|drain|open-files" /demo/ckptd.log || true'
 
-echo "== 2. DaemonSet layout: daemon container in the host PID namespace, trainer in its own"
-mkdir -p "$work/ds/run" "$work/ds/root"
+echo "== 2. DaemonSet layout: the ConfigMap's config, daemon in the host PID namespace, trainer as training-pod.yaml runs it"
+# The DaemonSet's volumes: the node's socket directory and storage root,
+# the ConfigMap's ckptd.conf (taken from ckptd-config.yaml as the kubelet
+# would write it), the Secret's file, the metrics emptyDir; and its args.
+mkdir -p "$work/ds/run" "$work/ds/root" "$work/ds/config" "$work/ds/s3" "$work/ds/metrics"
+awk '/^  ckptd\.conf: \|/ {f = 1; next}
+     f && /^    / {print substr($0, 5); next}
+     f && /^ *$/ {print ""; next}
+     f {exit}' "$here/ckptd-config.yaml" >"$work/ds/config/ckptd.conf"
+grep -q '^socket: "/run/ckptd/ckptd.sock"' "$work/ds/config/ckptd.conf" ||
+  die "could not read ckptd.conf out of ckptd-config.yaml"
+awk '/^  credentials: \|/ {f = 1; next} f && /^    / {print substr($0, 5); next} f {exit}' \
+  "$here/ckptd-remote-credentials.yaml" >"$work/ds/s3/credentials"
+chmod 0400 "$work/ds/s3/credentials"
+ds_volumes=(-v "$work/ds/run:/run/ckptd" -v "$work/ds/root:/var/lib/ckptd"
+  -v "$work/ds/config:/etc/ckptd:ro" -v "$work/ds/s3:/etc/ckptd-s3:ro"
+  -v "$work/ds/metrics:/var/lib/ckptd-metrics")
+ds_args=(--config=/etc/ckptd/ckptd.conf --remote_credentials_file=/etc/ckptd-s3/credentials)
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" "${daemonset_security[@]}" \
-  --pid=host --network=none -v "$work/ds/run:/run/ckptd" -v "$work/ds/root:/var/lib/ckptd" \
-  "$image" --config /usr/local/etc/ckptd/ckptd.conf --drain_timeout_ms 20000 >/dev/null
+  --pid=host --network=none "${ds_volumes[@]}" "$image" "${ds_args[@]}" >/dev/null
 wait_ready ckptd-image-daemon /run/ckptd/ckptd.sock
-# The trainer: podman's default capabilities and its own PID namespace, as
-# a training pod has; it sees the daemon only through the socket directory.
+# The trainer: its own PID namespace, uid 1000 in the socket group 2000,
+# no capabilities (training-pod.yaml); it sees the daemon only through the
+# socket directory.
 "${podman[@]}" run --rm --name ckptd-image-trainer "${ulimits[@]}" --network=none \
-  -v "$work/ds/run:/run/ckptd" --entrypoint "${loadgen[0]}" "$image" \
-  "${loadgen[@]:1}" --socket /run/ckptd/ckptd.sock
+  --user 1000:1000 --group-add 2000 --cap-drop=all --security-opt=no-new-privileges \
+  -v "$work/ds/run:/run/ckptd" -e CKPTD_SOCKET=/run/ckptd/ckptd.sock \
+  --entrypoint "${loadgen[0]}" "$image" "${loadgen[@]:1}" --socket /run/ckptd/ckptd.sock
 "${podman[@]}" exec ckptd-image-daemon /usr/local/bin/ckptctl list demo
+echo "socket: $(stat -c '%a %g' "$work/ds/run/ckptd.sock" | sed 's/ / group /');" \
+  "job directory: $(stat -c '%a uid %u' "$work/ds/root/demo")"
+[ "$(stat -c '%u %a' "$work/ds/root/demo")" = "1000 700" ] ||
+  die "the job directory is not the trainer's uid's, mode 0700"
+# SIGTERM; the daemon writes its metrics file once more as it stops.
 "${podman[@]}" rm -f -t 30 ckptd-image-daemon >/dev/null
+committed=$(awk '$1 == "ckptd_saves_total{outcome=\"committed\"}" {print $2}' \
+  "$work/ds/metrics/ckptd.prom")
+echo "metrics file (what the metrics container serves): $(grep -c '^ckptd_' \
+  "$work/ds/metrics/ckptd.prom") samples, ckptd_saves_total{outcome=\"committed\"} $committed"
+[ "$committed" = 8 ] || die "the metrics file counts ${committed:-no} committed saves, not 4 ranks x 2"
 
 echo "== 2a. the drain: a save still being written when the container is stopped commits"
 # Writes capped at 16 MiB/s: the trainer's 128 MiB save is STAGED at once
@@ -210,8 +237,8 @@ echo "== 2a. the drain: a save still being written when the container is stopped
 # when `podman stop` sends SIGTERM, as the kubelet does, with the
 # DaemonSet's 90 s before SIGKILL.
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" "${daemonset_security[@]}" \
-  --pid=host --network=none -v "$work/ds/run:/run/ckptd" -v "$work/ds/root:/var/lib/ckptd" \
-  "$image" --config /usr/local/etc/ckptd/ckptd.conf --write_rate_limit $((16 << 20)) >/dev/null
+  --pid=host --network=none "${ds_volumes[@]}" "$image" "${ds_args[@]}" \
+  --write_rate_limit $((16 << 20)) >/dev/null
 wait_ready ckptd-image-daemon /run/ckptd/ckptd.sock
 "${podman[@]}" run --rm "${ulimits[@]}" --network=none -v "$work/ds/run:/run/ckptd" \
   --entrypoint /usr/local/bin/ckpt-loadgen "$image" --socket /run/ckptd/ckptd.sock \
@@ -225,19 +252,19 @@ echo "stopped after $((SECONDS - start)) s; the daemon's log:"
 "${podman[@]}" rm ckptd-image-daemon >/dev/null
 # A new daemon on the same root finds the checkpoint committed and intact.
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" "${daemonset_security[@]}" \
-  --pid=host --network=none -v "$work/ds/run:/run/ckptd" -v "$work/ds/root:/var/lib/ckptd" \
-  "$image" >/dev/null
+  --pid=host --network=none "${ds_volumes[@]}" "$image" "${ds_args[@]}" >/dev/null
 wait_ready ckptd-image-daemon /run/ckptd/ckptd.sock
 "${podman[@]}" exec ckptd-image-daemon /usr/local/bin/ckptctl list drain | tee "$work/drain.list"
 grep -q " committed " "$work/drain.list" || die "the save in flight at the stop did not commit"
 "${podman[@]}" exec ckptd-image-daemon /usr/local/bin/ckptctl verify drain
 "${podman[@]}" rm -f -t 30 ckptd-image-daemon >/dev/null
 
-echo "== 2b. the same without CAP_SYS_PTRACE: the save must fail"
+echo "== 2b. the same without CAP_SYS_PTRACE: the save of a root trainer must fail"
+# Even at the same uid: a trainer with the runtime's default capabilities
+# has some the daemon lacks, and only CAP_SYS_PTRACE passes that check.
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" --cap-drop=all \
   --cap-add=CHOWN,DAC_OVERRIDE --security-opt=no-new-privileges --read-only \
-  --pid=host --network=none -v "$work/ds/run:/run/ckptd" -v "$work/ds/root:/var/lib/ckptd" \
-  "$image" >/dev/null
+  --pid=host --network=none "${ds_volumes[@]}" "$image" "${ds_args[@]}" >/dev/null
 wait_ready ckptd-image-daemon /run/ckptd/ckptd.sock
 if "${podman[@]}" run --rm "${ulimits[@]}" --network=none -v "$work/ds/run:/run/ckptd" \
     --entrypoint /usr/local/bin/ckpt-loadgen "$image" --socket /run/ckptd/ckptd.sock \
