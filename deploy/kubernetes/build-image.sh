@@ -158,9 +158,11 @@ tar -C "$tree" --numeric-owner -c . |
 # shell's).
 ulimits=(--ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=4096:4096)
 # The DaemonSet's container: root with only the three capabilities, no new
-# privileges, read-only image (deploy/kubernetes/ckptd-daemonset.yaml).
+# privileges, read-only image (deploy/kubernetes/ckptd-daemonset.yaml);
+# --read-only-tmpfs=false: Kubernetes' readOnlyRootFilesystem mounts no
+# tmpfs on /tmp, /run and /var/tmp as podman's --read-only does.
 daemonset_security=(--cap-drop=all --cap-add=SYS_PTRACE,CHOWN,DAC_OVERRIDE
-  --security-opt=no-new-privileges --read-only)
+  --security-opt=no-new-privileges --read-only --read-only-tmpfs=false)
 loadgen=(/usr/local/bin/ckpt-loadgen --job demo --ranks 4 --tensors 200
   --bytes-per-rank $((64 << 20)) --saves 2 --restore)
 wait_ready() {  # CONTAINER SOCKET: until ckptctl status answers in it (30 s)
@@ -263,7 +265,7 @@ echo "== 2b. the same without CAP_SYS_PTRACE: the save of a root trainer must fa
 # Even at the same uid: a trainer with the runtime's default capabilities
 # has some the daemon lacks, and only CAP_SYS_PTRACE passes that check.
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" --cap-drop=all \
-  --cap-add=CHOWN,DAC_OVERRIDE --security-opt=no-new-privileges --read-only \
+  --cap-add=CHOWN,DAC_OVERRIDE --security-opt=no-new-privileges --read-only --read-only-tmpfs=false \
   --pid=host --network=none "${ds_volumes[@]}" "$image" "${ds_args[@]}" >/dev/null
 wait_ready ckptd-image-daemon /run/ckptd/ckptd.sock
 if "${podman[@]}" run --rm "${ulimits[@]}" --network=none -v "$work/ds/run:/run/ckptd" \
@@ -280,7 +282,8 @@ echo "== 3. sidecar layout: one PID namespace for both containers, both uid 1000
 # shareProcessNamespace: the trainer joins the daemon's PID namespace
 # (Kubernetes puts the pod's pause process there too).
 mkdir -p "$work/pod/root" "$work/pod/run" && chown 1000:1000 "$work/pod/root" "$work/pod/run"
-sidecar_security=(--user 1000:1000 --cap-drop=all --security-opt=no-new-privileges --read-only)
+sidecar_security=(--user 1000:1000 --cap-drop=all --security-opt=no-new-privileges --read-only
+  --read-only-tmpfs=false)
 "${podman[@]}" run -d --name ckptd-image-daemon "${ulimits[@]}" "${sidecar_security[@]}" \
   --network=none -v "$work/pod/run:/run/ckptd" -v "$work/pod/root:/ckpt" "$image" \
   --config /usr/local/etc/ckptd/ckptd.conf --socket /run/ckptd/ckptd.sock --root /ckpt >/dev/null
