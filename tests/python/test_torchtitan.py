@@ -507,6 +507,7 @@ def _train(rank, world, manager, model, optimizers, lr_schedulers, train_state,
         lr_schedulers.step()
         optimizers.zero_grad()
         losses[step] = loss.detach().clone()
+        _say(f"step {step}")
         if manager is not None:
             manager.save(step, last_step=(step == STEPS))
         if kill_after == step and rank == 1:
@@ -521,6 +522,13 @@ def _state(model, optimizers, lr_schedulers, train_state, losses, resumed_from):
             "losses": losses, "resumed_from": resumed_from}
 
 
+def _say(what):
+    print(f"{time.monotonic() - _T0:.2f}s {what}", flush=True)
+
+
+_T0 = time.monotonic()
+
+
 def train_rank(phase, rank, world, store, socket, base, out):
     """One rank of the run (started by TrainingRunTest in a fresh python).
     phase "killed": train with checkpoints, rank 1 SIGKILLed after
@@ -529,9 +537,11 @@ def train_rank(phase, rank, world, store, socket, base, out):
     scratch without a manager; both final states written to `out`."""
     torch.set_num_threads(1)
     import torch.distributed as dist
+    _say(f"rank {rank} {phase}: imported")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world)
     model, optimizers, lr_schedulers = _build(rank, world)
+    _say("built")
     train_state = TrainState()
     manager = CkptdCheckpointManager.Config(
         enable=True, folder="checkpoint", interval=INTERVAL, async_mode="async",
@@ -541,12 +551,14 @@ def train_rank(phase, rank, world, store, socket, base, out):
         sd_adapter=None, base_folder=base)
     manager.load(step=-1)
     resumed_from = train_state.step
+    _say(f"loaded: step {resumed_from}")
     if phase == "killed":
         _train(rank, world, manager, model, optimizers, lr_schedulers, train_state,
                kill_after=KILL_AFTER)
         raise AssertionError("not killed")
     losses = _train(rank, world, manager, model, optimizers, lr_schedulers, train_state)
     manager.close()
+    _say("resumed run done")
     results = {"resumed": _state(model, optimizers, lr_schedulers, train_state, losses,
                                  resumed_from)}
     model, optimizers, lr_schedulers = _build(rank, world)
@@ -554,6 +566,7 @@ def train_rank(phase, rank, world, store, socket, base, out):
     losses = _train(rank, world, None, model, optimizers, lr_schedulers, train_state)
     results["uninterrupted"] = _state(model, optimizers, lr_schedulers, train_state,
                                       losses, 0)
+    _say("uninterrupted run done")
     torch.save(results, out)
     dist.barrier()
     sys.stdout.flush()
@@ -583,6 +596,12 @@ class TrainingRunTest(unittest.TestCase):
     def log(self, name):
         with open(os.path.join(self.dir, name)) as f:
             return f.read()[-3000:]
+
+    def tearDown(self):
+        if os.environ.get("TITAN_KEEP_LOGS"):
+            for n in sorted(os.listdir(self.dir)):
+                if n.endswith(".log"):
+                    print(n, self.log(n), sep="\n")
 
     def test_killed_run_resumes_bit_for_bit(self):
         rank0, rank1 = self.launch("killed")
