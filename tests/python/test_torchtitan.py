@@ -4,7 +4,7 @@ real daemon.
 Run by ctest as: python -m unittest test_torchtitan (in this directory),
 with PYTHONPATH holding the built package, CKPTD_BINARY the daemon and
 CKPTCTL_BINARY the CLI. Skipped, saying so, where torchtitan is not
-importable (pip install -r scripts/requirements-dcp.txt).
+importable (pip install --no-deps -r scripts/requirements-torchtitan.txt).
 
 ManagerTest ports the cases of torchtitan's own manager tests
 (tests/unit_tests/test_checkpoint.py, TestCheckpointManager) that apply to a
@@ -60,7 +60,7 @@ try:
     TORCHTITAN = None
 except ImportError as e:  # pragma: no cover - depends on the environment
     TORCHTITAN = (f"torchtitan is not importable ({e}); "
-                  f"pip install -r scripts/requirements-dcp.txt")
+                  f"pip install --no-deps -r scripts/requirements-torchtitan.txt")
 
 
 class Loader:
@@ -573,6 +573,65 @@ def train_rank(phase, rank, world, store, socket, base, out):
     os._exit(0)
 
 
+def _fork_rank(phase, rank, world, socket, base):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: its own log, then the rank
+        fd = os.open(os.path.join(base, f"{phase}-{rank}.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        train_rank(phase, rank, world, os.path.join(base, f"store-{phase}"), socket,
+                   base, os.path.join(base, f"{phase}-{rank}.pt"))
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _exit_status(pid):
+    return -os.WTERMSIG(s) if os.WIFSIGNALED(s := os.waitpid(pid, 0)[1]) else \
+        os.WEXITSTATUS(s)
+
+
+def launch_ranks(base, socket, world=2):
+    """Imports torch and torchtitan once and forks the ranks of both phases
+    (each a fresh process to gloo and gRPC, which this one never starts):
+    "killed", then, once the test has looked at what committed (resume.go),
+    "resume". Writes each phase's exit statuses to <phase>.status."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+    from torchtitan.models.llama3 import model_registry  # noqa: F401
+    import threading
+    # No Python thread, and no thread beyond the one `import torch` starts
+    # (as DataLoader's forked workers, the children need none of them).
+    tasks = os.listdir("/proc/self/task")
+    assert threading.active_count() == 1 and len(tasks) <= 2, tasks
+    pids = [_fork_rank("killed", r, world, socket, base) for r in range(world)]
+    statuses = [0] * world
+    statuses[1] = _exit_status(pids[1])
+    os.kill(pids[0], signal.SIGKILL)
+    statuses[0] = _exit_status(pids[0])
+    _write_status(base, "killed", statuses)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(base, "resume.go")):
+        assert time.monotonic() < deadline, "the test did not say go"
+        time.sleep(0.05)
+    pids = [_fork_rank("resume", r, world, socket, base) for r in range(world)]
+    _write_status(base, "resume", [_exit_status(p) for p in pids])
+
+
+def _write_status(base, phase, statuses):
+    tmp = os.path.join(base, f"{phase}.status.tmp")
+    with open(tmp, "w") as f:
+        f.write(" ".join(map(str, statuses)))
+    os.rename(tmp, os.path.join(base, f"{phase}.status"))
+
+
 @unittest.skipIf(TORCHTITAN, TORCHTITAN)
 class TrainingRunTest(unittest.TestCase):
     def setUp(self):
@@ -580,18 +639,25 @@ class TrainingRunTest(unittest.TestCase):
         self.addCleanup(self.daemon.stop)
         self.dir = tempfile.mkdtemp(prefix="titan-run-")
 
-    def launch(self, phase, world=2):
-        store = os.path.join(self.dir, f"store-{phase}")
-        procs = []
-        for rank in range(world):
-            code = (f"import test_torchtitan as t; t.train_rank({phase!r}, {rank}, "
-                    f"{world}, {store!r}, {self.daemon.socket!r}, {self.dir!r}, "
-                    f"{os.path.join(self.dir, f'{phase}-{rank}.pt')!r})")
-            with open(os.path.join(self.dir, f"{phase}-{rank}.log"), "w") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
-                    cwd=os.path.dirname(os.path.abspath(__file__))))
-        return procs
+    def launch(self):
+        """The rank launcher (launch_ranks), in a fresh python."""
+        code = (f"import test_torchtitan as t; t.launch_ranks({self.dir!r}, "
+                f"{self.daemon.socket!r})")
+        with open(os.path.join(self.dir, "launcher.log"), "w") as log:
+            return subprocess.Popen(
+                [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+                cwd=os.path.dirname(os.path.abspath(__file__)))
+
+    def wait_for(self, launcher, name, timeout=120):
+        path = os.path.join(self.dir, name)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if launcher.poll() is not None or time.monotonic() > deadline:
+                self.fail(f"no {name}; launcher {launcher.poll()}: "
+                          f"{self.log('launcher.log')}")
+            time.sleep(0.05)
+        with open(path) as f:
+            return [int(x) for x in f.read().split()]
 
     def log(self, name):
         with open(os.path.join(self.dir, name)) as f:
@@ -604,20 +670,23 @@ class TrainingRunTest(unittest.TestCase):
                     print(n, self.log(n), sep="\n")
 
     def test_killed_run_resumes_bit_for_bit(self):
-        rank0, rank1 = self.launch("killed")
-        self.assertEqual(rank1.wait(timeout=120), -signal.SIGKILL, self.log("killed-1.log"))
-        # Rank 0 blocks in the next step's collective: the job is lost.
-        rank0.send_signal(signal.SIGKILL)
-        rank0.wait(timeout=30)
+        launcher = self.launch()
+        self.addCleanup(lambda: launcher.poll() is None and launcher.kill())
+        # Rank 1 SIGKILLed after step 5; rank 0, blocked in the next step's
+        # collective, killed by the launcher: the job is lost.
+        statuses = self.wait_for(launcher, "killed.status")
+        self.assertEqual(statuses[1], -signal.SIGKILL, self.log("killed-1.log"))
         job = checkpoint_ids.resolve(os.path.join(self.dir, "checkpoint", "step-0"),
                                      None)[0]
         committed = ckpt.list_checkpoints(job=job, socket=self.daemon.socket)
         self.assertIn("step-2", committed)  # its commit was awaited by step 4's save
         self.assertTrue(set(committed) <= {"step-2", "step-4"}, committed)
 
-        procs = self.launch("resume")
-        for rank, p in enumerate(procs):
-            self.assertEqual(p.wait(timeout=120), 0, self.log(f"resume-{rank}.log"))
+        open(os.path.join(self.dir, "resume.go"), "w").close()
+        statuses = self.wait_for(launcher, "resume.status")
+        for rank, status in enumerate(statuses):
+            self.assertEqual(status, 0, self.log(f"resume-{rank}.log"))
+        self.assertEqual(launcher.wait(timeout=30), 0, self.log("launcher.log"))
         latest = int(committed[-1].split("-")[1])
         self.assertIn(f"step-{STEPS}", ckpt.list_checkpoints(job=job,
                                                              socket=self.daemon.socket))
