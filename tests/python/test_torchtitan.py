@@ -646,7 +646,8 @@ class TrainingRunTest(unittest.TestCase):
         with open(os.path.join(self.dir, "launcher.log"), "w") as log:
             return subprocess.Popen(
                 [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
-                cwd=os.path.dirname(os.path.abspath(__file__)))
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+                start_new_session=True)  # its group: the forked ranks too
 
     def wait_for(self, launcher, name, timeout=120):
         path = os.path.join(self.dir, name)
@@ -658,6 +659,15 @@ class TrainingRunTest(unittest.TestCase):
             time.sleep(0.05)
         with open(path) as f:
             return [int(x) for x in f.read().split()]
+
+    @staticmethod
+    def kill_group(launcher):
+        """The launcher and any rank it forked that is left (a failed run)."""
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        launcher.wait()
 
     def log(self, name):
         with open(os.path.join(self.dir, name)) as f:
@@ -671,7 +681,7 @@ class TrainingRunTest(unittest.TestCase):
 
     def test_killed_run_resumes_bit_for_bit(self):
         launcher = self.launch()
-        self.addCleanup(lambda: launcher.poll() is None and launcher.kill())
+        self.addCleanup(self.kill_group, launcher)
         # Rank 1 SIGKILLed after step 5; rank 0, blocked in the next step's
         # collective, killed by the launcher: the job is lost.
         statuses = self.wait_for(launcher, "killed.status")
