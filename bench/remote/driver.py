@@ -21,7 +21,6 @@ Writes results/remote-<time>.json (and latest.json) and prints the table.
 """
 
 import argparse
-import configparser
 import glob
 import json
 import os
