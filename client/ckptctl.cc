@@ -1,6 +1,7 @@
 // ckptctl: the operator's CLI for ckptd: status, list, cancel, gc, verify,
 // inspect and export. Each command's manual and the exit statuses they share
 // are in client/ckptctl_help.h (`ckptctl COMMAND --help`).
+#include <algorithm>
 #include <unistd.h>
 
 #include <chrono>
@@ -58,7 +59,10 @@ std::string Bytes(double n) {
 }
 
 std::string Bar(uint64_t done, uint64_t total, int width) {
-  const int filled = total == 0 ? 0 : static_cast<int>(width * done / total);
+  // Clamped: a part's bytes written (file headers, padding) may pass its
+  // tensors' total, and a bar is no reason to abort.
+  const int filled =
+      total == 0 ? 0 : static_cast<int>(width * std::min(done, total) / total);
   return absl::StrCat("[", std::string(filled, '#'),
                       std::string(width - filled, '.'), "]");
 }

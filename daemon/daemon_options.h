@@ -139,6 +139,12 @@ struct DaemonOptions {
   // Memory for the windows of remote files a restore fetches at once (a
   // window holds at most this much; files of any size restore in windows).
   uint64_t remote_fetch_bytes = 4ull << 30;
+  // Requests to the remote tier: the size of an upload part or a ranged
+  // GET, and how many of them one file's upload or fetch runs at once
+  // (S3: parts of 5 MiB to 5 GiB, 1 to 64 at once). An upload read from
+  // disk holds that many part buffers.
+  uint64_t remote_part_bytes = 16ull << 20;
+  uint32_t remote_requests_in_flight = 8;
 };
 
 }  // namespace ckpt

@@ -65,8 +65,14 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> OpenRemoteStore(const DaemonOptions
   client.sign_payloads = !client.endpoint.https;
   ASSIGN_OR_RETURN(std::unique_ptr<s3::S3Client> created, s3::S3Client::Create(client));
   std::shared_ptr<s3::S3Client> shared(std::move(created));
+  s3::S3ObjectStoreOptions store_options;
+  // A file of two parts or more goes up in parts, requests_in_flight at once.
+  store_options.multipart_threshold = 2 * options.remote_part_bytes;
+  store_options.multipart.part_size = options.remote_part_bytes;
+  store_options.multipart.parts_in_flight = static_cast<int>(
+      std::min<uint32_t>(options.remote_requests_in_flight, 1000));  // Create checks 1..64
   ASSIGN_OR_RETURN(std::unique_ptr<s3::S3ObjectStore> store,
-                   s3::S3ObjectStore::Create(std::move(shared), remote));
+                   s3::S3ObjectStore::Create(std::move(shared), remote, store_options));
   return std::shared_ptr<ObjectStore>(std::move(store));
 }
 
@@ -77,6 +83,8 @@ RemoteTierOptions RemoteTierOptionsOf(const DaemonOptions& options) {
   remote.max_bytes_per_second = options.remote_max_bytes_per_second;
   remote.upload_timeout = absl::Milliseconds(options.remote_upload_timeout_ms);
   remote.fetch_bytes = options.remote_fetch_bytes;
+  remote.part_size = options.remote_part_bytes;
+  remote.fetch_requests_in_flight = options.remote_requests_in_flight;
   return remote;
 }
 

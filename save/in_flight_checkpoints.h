@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -196,9 +197,16 @@ class InFlightCheckpoints {
   StoppedAll CancelAll(absl::string_view reason, bool durable_too,
                        ListenerCalls* out);
 
-  // Fails the attempts of the session's job that still wait for its rank.
+  // Fails the attempts of the session's job that still wait for its rank,
+  // and remembers in the others that this rank's part has lost its session.
   std::vector<Retired> SessionClosed(const Session& session,
                                      ListenerCalls* out);
+  // A session of a rank opened: an attempt of its job that still waits for
+  // local ranks and holds a part of this rank from a session that has
+  // closed was begun by an earlier run of the job (a restart: torchrun, a
+  // scheduler). That run's missing ranks never come, and the new run's
+  // parts must not join it, so it fails now, naming why.
+  std::vector<Retired> SessionOpened(const Session& session, ListenerCalls* out);
 
   // True while an attempt of that name is in the set (files included).
   bool Contains(absl::string_view job, absl::string_view name) const;
@@ -219,6 +227,7 @@ class InFlightCheckpoints {
     v1::Phase final_phase = v1::PHASE_UNSPECIFIED;
     std::string reason;
     bool removing_files = false;  // retired; waiting for ForgetRemoved
+    std::set<uint32_t> ranks_gone;  // whose part's session has closed
   };
   using Entries = std::map<std::string, Entry>;
 

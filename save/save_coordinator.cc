@@ -433,6 +433,19 @@ absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
   return gc;
 }
 
+absl::Status SaveCoordinator::OpenSession(const std::shared_ptr<Session>& session,
+                                          const v1::OpenSessionRequest& request,
+                                          uint32_t node_id, uint32_t nodes) {
+  RETURN_IF_ERROR(open_sessions_.Open(session, request.job(), [&] {
+    return session->Open(request, node_id, nodes);
+  }));
+  ListenerCalls calls;
+  std::vector<Retired> ended = checkpoints_.SessionOpened(*session, &calls);
+  calls.Run();
+  for (Retired& retired : ended) FinishRetirement(std::move(retired));
+  return absl::OkStatus();
+}
+
 void SaveCoordinator::OnSessionClosed(const std::shared_ptr<Session>& session) {
   if (!session->opened()) return;
   open_sessions_.Closed(*session);

@@ -119,13 +119,11 @@ class SaveCoordinator {
   // sessions of its job are another user's (OpenSessions::Open); once open,
   // a checkpoint of its job that times out waiting for ranks names its rank
   // as connected.
+  // An attempt an earlier run of the job left waiting for ranks that never
+  // come fails then (InFlightCheckpoints::SessionOpened).
   absl::Status OpenSession(const std::shared_ptr<Session>& session,
                            const v1::OpenSessionRequest& request, uint32_t node_id,
-                           uint32_t nodes) {
-    return open_sessions_.Open(session, request.job(), [&] {
-      return session->Open(request, node_id, nodes);
-    });
-  }
+                           uint32_t nodes);
   // Fails in-flight checkpoints of the session's job that still wait for
   // the session's rank.
   void OnSessionClosed(const std::shared_ptr<Session>& session);

@@ -17,7 +17,10 @@
 # against the instrumented ckptd and ckptctl. LeakSanitizer is off in the
 # python processes only: it would report CPython's and torch's own
 # allocations; the daemons and CLIs those tests start keep it. Left out:
-# the pip install test, which builds an uninstrumented package of its own.
+# the pip install test, which builds an uninstrumented package of its own,
+# and the end-to-end torch runs (the DCP port, the training runs,
+# torchtitan), which re-run torch for minutes through the binding's paths
+# the other Python tests already cover (tests/CMakeLists.txt).
 #
 # Environment: CKPT_JOBS (build parallelism, default 2), CKPT_SANITIZER_CTEST_JOBS
 # (ctest -j, default 2); extra arguments go to ctest (e.g. -R pattern, or

@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -498,26 +501,51 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     release();
     return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot map ", size, " bytes"));
   }
-  for (uint64_t at = 0; at < size; at += options_.part_size) {
-    const uint64_t part = std::min<uint64_t>(options_.part_size, size - at);
-    absl::Status failed;
-    if (absl::Now() > deadline) {
-      failed = absl::DeadlineExceededError(
-          absl::StrCat("not fetched within ", absl::FormatDuration(options_.fetch_timeout)));
-    } else {
-      absl::StatusOr<size_t> read = remote_->Get(key, absl::MakeSpan(image->data() + at, part),
-                                                 ObjectRange{offset + at, part});
-      if (!read.ok()) {
-        failed = read.status();
-      } else if (*read != part) {
-        failed = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset + at,
-                                                  " where its COMMIT lists ", part));
+  // Parts of part_size, fetch_requests_in_flight GETs at a time: one
+  // request at a time leaves a store's bandwidth unused, as a raw client
+  // with one connection would.
+  const uint64_t parts = (size + options_.part_size - 1) / options_.part_size;
+  std::atomic<uint64_t> next_part{0};
+  absl::Mutex failed_mu;
+  absl::Status failed;  // the first part's failure; the others then stop
+  std::atomic<bool> stop{false};
+  auto fetch_parts = [&] {
+    for (uint64_t p = next_part++; p < parts && !stop.load(); p = next_part++) {
+      const uint64_t at = p * options_.part_size;
+      const uint64_t part = std::min<uint64_t>(options_.part_size, size - at);
+      absl::Status status;
+      if (absl::Now() > deadline) {
+        status = absl::DeadlineExceededError(
+            absl::StrCat("not fetched within ", absl::FormatDuration(options_.fetch_timeout)));
+      } else {
+        absl::StatusOr<size_t> read = remote_->Get(
+            key, absl::MakeSpan(image->data() + at, part), ObjectRange{offset + at, part});
+        if (!read.ok()) {
+          status = read.status();
+        } else if (*read != part) {
+          status = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset + at,
+                                                    " where its COMMIT lists ", part));
+        }
+      }
+      if (!status.ok()) {
+        absl::MutexLock lock(&failed_mu);
+        if (failed.ok()) failed = std::move(status);
+        stop = true;
       }
     }
-    if (!failed.ok()) {
-      release();
-      return Annotate(failed, what);
-    }
+  };
+  {
+    const uint64_t helpers =
+        std::min<uint64_t>(parts, std::max<size_t>(options_.fetch_requests_in_flight, 1)) - 1;
+    std::vector<std::thread> threads;
+    threads.reserve(helpers);
+    for (uint64_t t = 0; t < helpers; ++t) threads.emplace_back(fetch_parts);
+    fetch_parts();
+    for (std::thread& t : threads) t.join();
+  }
+  if (!failed.ok()) {
+    release();
+    return Annotate(failed, what);
   }
   return std::shared_ptr<const FileImage>(image.release(),
                                           [release](const FileImage* done) {

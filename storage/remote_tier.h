@@ -70,6 +70,8 @@ struct RemoteTierOptions {
   // fetch waits for that memory and its requests together.
   uint64_t fetch_bytes = 4ull << 30;
   absl::Duration fetch_timeout = absl::Minutes(10);
+  // Ranged GETs of part_size one window's fetch runs at once.
+  size_t fetch_requests_in_flight = 8;
 };
 
 // The remote tier's LATEST: the newest checkpoint committed there, as the

@@ -565,6 +565,12 @@ class PyClient {
 PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "libckpt, the trainer-side client of ckptd (use the ckptd package)";
   m.attr("DEFAULT_SOCKET") = ckpt::kDefaultSocket;
+  // Whether this build saves CUDA tensors (libckpt's cuda/ side built in).
+#ifdef CKPT_HAVE_CUDA
+  m.attr("HAS_CUDA") = true;
+#else
+  m.attr("HAS_CUDA") = false;
+#endif
   // For ckptd._allocator_hook: void(uint64_t address, uint64_t length).
   m.attr("release_gpu_memory") =
       py::capsule(reinterpret_cast<void*>(&ReleaseGpuMemoryOfClients),

@@ -170,6 +170,49 @@ class PackageTest(unittest.TestCase):
     def client(self, job, rank=0, world=1):
         return ckptd.Client(job, rank, world, socket=self.daemon.socket)
 
+    def open_sessions(self):
+        out = subprocess.run([os.environ["CKPTCTL_BINARY"], "--socket", self.daemon.socket,
+                              "status"], check=True, stdout=subprocess.PIPE, text=True).stdout
+        return int(out.split(" sessions ")[1].split()[0])
+
+    def test_a_restarted_run_saves_the_step_its_killed_run_left_half_submitted(self):
+        """Rank 0 of a 2-rank run hands its part of step-4 over and dies
+        before rank 1 hands over its own (a kill): the daemon's attempt
+        waits for rank 1 of a run that is gone. The restarted run opens new
+        sessions: the old attempt fails as rank 0's opens, naming why, and
+        the new run's step-4 commits (before, its rank 0 was refused as
+        having submitted already, and its rank 1 joined the old attempt)."""
+        job = "restarted"
+        before = self.open_sessions()
+        old = subprocess.run([sys.executable, "-c", f"""
+import numpy as np, ckptd
+client = ckptd.Client({job!r}, 0, 2, socket={self.daemon.socket!r})
+client.save("step-4", {{"w0": np.arange(64.0)}}).wait_staged()
+import os; os._exit(0)  # killed: no goodbye
+"""], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
+        self.assertEqual(old.returncode, 0, old.stdout)
+        # The daemon has seen the old session end.
+        deadline = time.monotonic() + 30
+        while self.open_sessions() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.open_sessions(), before)
+        ranks = [self.client(job, r, 2) for r in range(2)]
+        arrays = [np.arange(64.0) + 100 * r for r in range(2)]
+        for attempt in range(100):  # the old attempt's files are removed first
+            try:
+                first = ranks[0].save("step-4", {"w0": arrays[0]})
+                break
+            except ckptd.CkptdError as e:
+                if "removing the files" not in str(e) or attempt == 99:
+                    raise
+                time.sleep(0.05)
+        handles = [first, ranks[1].save("step-4", {"w1": arrays[1]})]
+        for h in handles:
+            h.wait_committed()
+        got = np.zeros(64)
+        ranks[1].load("step-4", {"w1": got})
+        self.assertTrue(np.array_equal(got, arrays[1]))
+
     def test_input_the_client_cannot_save_is_refused_naming_the_fqn(self):
         client = self.client("refused-input")
         for fqn, value, why in [("opt.t", torch.ones(4, 4).t(), "contiguous"),

@@ -29,6 +29,12 @@ The steps, each what a user does after scripts/setup-debian.sh:
    extension modules import from its site-packages; ckptd.torch saves
    nested state twice (the second save checks its plan in _state_cache)
    and loads it back equal; ckptd.Client saves and loads a numpy array.
+6. The package's CUDA side (issue 32), built with no CUDA toolkit against
+   torch's CUDA wheels: ckptd._ckpt has CUDA and ckptd._allocator_hook is
+   there; _ckpt alone loads the wheels' libcudart.so, and with torch
+   imported too the process maps exactly one libcudart, the wheels'. Then
+   the simulated-device suite (test_gpu) runs through the installed
+   package.
 """
 
 import os
@@ -72,6 +78,7 @@ for module in (ckptd, _ckpt, _state_cache):
     assert os.path.realpath(module.__file__).startswith(os.path.realpath(site)), \
         f"{module.__name__} imported from {module.__file__}, not {site}"
 
+
 def state(seed):
     g = torch.Generator().manual_seed(seed)
     return {"model": {"w": torch.randn(64, 33, generator=g),
@@ -105,6 +112,29 @@ b = np.zeros_like(a)
 client.load("latest", {"a": b})
 assert np.array_equal(a, b)
 print("ckptd", ckptd.__file__, "saved and restored through", socket)
+"""
+
+CUDA_SNIPPET = r"""
+import os, subprocess, sys
+site = sys.argv[1]
+import torch
+from ckptd import _allocator_hook, _ckpt
+
+assert _ckpt.HAS_CUDA, "the pip build has no CUDA side"
+for module in (_ckpt, _allocator_hook):
+    assert os.path.realpath(module.__file__).startswith(os.path.realpath(site)), module
+# _ckpt needs the shared runtime and finds the wheels' copy by its run path
+# (not torch's having loaded it first): ldd resolves it from the file alone.
+needed = subprocess.run(["ldd", _ckpt.__file__], check=True, stdout=subprocess.PIPE,
+                        text=True).stdout
+linked = [line.split("=>")[1].split()[0] for line in needed.splitlines()
+          if "libcudart" in line and "=>" in line]
+assert len(linked) == 1 and "/nvidia/" in linked[0], f"_ckpt's runtime: {needed}"
+# One runtime in the process, torch's.
+with open("/proc/self/maps") as maps:
+    mapped = {os.path.realpath(line.split()[-1]) for line in maps if "libcudart" in line}
+assert mapped == {os.path.realpath(linked[0])}, f"mapped {mapped}, _ckpt links {linked}"
+print(f"CUDA side built against torch's wheels; one runtime mapped: {mapped.pop()}")
 """
 
 
@@ -265,6 +295,13 @@ def main():
         print(run("ckptd.torch and ckptd.Client save and restore from the fresh venv",
                   [python, "-c", CLIENT_SNIPPET, daemon.socket, venv_site], log,
                   env=env, cwd=work).strip())
+        print(run("the CUDA side, built against torch's CUDA wheels",
+                  [python, "-c", CUDA_SNIPPET, venv_site], log, env=env, cwd=work).strip())
+        # The simulated-device suite through the installed package: the
+        # test's own directory on the path (for its helpers), not ckptd's.
+        run("the simulated-device tests (test_gpu) through the installed package",
+            [python, "-m", "unittest", "-q", "test_gpu"], log, env=env,
+            cwd=src / "tests" / "python")
         return 0
     except Skip as e:
         print(f"SKIPPED: {e}")
