@@ -57,9 +57,7 @@ constexpr int kUploadTimeoutMs = 2000;
 // The killed server's test: its upload also waits a second for its pace.
 constexpr int kKilledUploadTimeoutMs = 3000;
 // The bound each failure is held to, with room for a loaded machine.
-double FailureBoundSeconds(int upload_timeout_ms) {
-  return 2 * upload_timeout_ms / 1000.0 + 3.0;
-}
+double FailureBoundSeconds(int upload_timeout_ms) { return 2 * upload_timeout_ms / 1000.0 + 3.0; }
 constexpr auto kCommitWait = std::chrono::seconds(60);
 
 std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
@@ -75,8 +73,8 @@ std::string ReadAll(const fs::path& path) {
 void WriteCredentials(const std::string& path, const std::string& access_key,
                       const std::string& secret) {
   std::ofstream out(path);
-  out << "[default]\naws_access_key_id = " << access_key
-      << "\naws_secret_access_key = " << secret << "\n";
+  out << "[default]\naws_access_key_id = " << access_key << "\naws_secret_access_key = " << secret
+      << "\n";
   out.close();
   REQUIRE(out.good());
 }
@@ -101,23 +99,18 @@ std::vector<std::string> Job() {
 // One save of step-<step> by a 1-rank trainer; returns once it is
 // committed locally (the remote tier is never waited for).
 ProcessResult Save(const DaemonProcess& daemon, int step) {
-  std::vector<std::string> args = {
-      LOADGEN_BINARY, "--socket",          daemon.socket(), "--saves", "1",
-      "--first-step", std::to_string(step)};
+  std::vector<std::string> args = {LOADGEN_BINARY,      "--socket", daemon.socket(),
+                                   "--saves",           "1",        "--first-step",
+                                   std::to_string(step)};
   for (const std::string& a : Job()) args.push_back(a);
   return RunProcess(args);
 }
 
 // A fresh trainer loads step-<step> and checks every byte.
 void RequireLoads(const DaemonProcess& daemon, int step) {
-  std::vector<std::string> args = {LOADGEN_BINARY,
-                                   "--socket",
-                                   daemon.socket(),
-                                   "--saves",
-                                   "0",
-                                   "--first-step",
-                                   std::to_string(step + 1),
-                                   "--restore"};
+  std::vector<std::string> args = {
+      LOADGEN_BINARY,           "--socket", daemon.socket(), "--saves", "0", "--first-step",
+      std::to_string(step + 1), "--restore"};
   for (const std::string& a : Job()) args.push_back(a);
   const ProcessResult run = RunProcess(args);
   INFO("load of " << StepName(step) << ": " << run.out);
@@ -127,15 +120,14 @@ void RequireLoads(const DaemonProcess& daemon, int step) {
 
 // The daemon's status as `ckptctl status --json` prints it.
 v1::DaemonStatusResponse StatusOf(const DaemonProcess& daemon) {
-  const ProcessResult run = RunProcess(
-      {CKPTCTL_BINARY, "--socket", daemon.socket(), "status", "--json"});
+  const ProcessResult run =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status", "--json"});
   INFO(run.out);
   REQUIRE(run.exit_code == 0);
   v1::DaemonStatusResponse status;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
-  REQUIRE(google::protobuf::util::JsonStringToMessage(run.out, &status, options)
-              .ok());
+  REQUIRE(google::protobuf::util::JsonStringToMessage(run.out, &status, options).ok());
   return status;
 }
 
@@ -166,17 +158,14 @@ double Seconds(const v1::RemoteUpload& upload) {
   return (upload.ended_unix_micros() - upload.queued_unix_micros()) / 1e6;
 }
 
-std::string DaemonLog(const DaemonProcess& daemon) {
-  return ReadAll(daemon.dir() + "/ckptd.log");
-}
+std::string DaemonLog(const DaemonProcess& daemon) { return ReadAll(daemon.dir() + "/ckptd.log"); }
 
 // The local data files of step-<step>.
 std::vector<fs::path> DataFiles(const DaemonProcess& daemon, int step) {
   std::vector<fs::path> files;
-  for (const fs::directory_entry& entry : fs::directory_iterator(
-           fs::path(daemon.root()) / "job" / StepName(step))) {
-    if (entry.path().extension() == ".safetensors")
-      files.push_back(entry.path());
+  for (const fs::directory_entry& entry :
+       fs::directory_iterator(fs::path(daemon.root()) / "job" / StepName(step))) {
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
   }
   REQUIRE(!files.empty());
   return files;
@@ -186,18 +175,14 @@ std::vector<fs::path> DataFiles(const DaemonProcess& daemon, int step) {
 // proxy.
 class Bucket {
  public:
-  Bucket(std::unique_ptr<s3::S3Client> client, std::string bucket,
-         std::string prefix)
-      : client_(std::move(client)),
-        bucket_(std::move(bucket)),
-        prefix_(std::move(prefix)) {}
+  Bucket(std::unique_ptr<s3::S3Client> client, std::string bucket, std::string prefix)
+      : client_(std::move(client)), bucket_(std::move(bucket)), prefix_(std::move(prefix)) {}
 
   // A first write to a fresh server makes it allocate its storage (SeaweedFS
   // grows its volumes: seconds on a loaded machine), which is no fault of
   // the daemon's: done here, before the daemon's 2 s upload timeout runs.
   void WarmUp() const {
-    const absl::StatusOr<std::string> put =
-        client_->PutObject(bucket_, "warm-up", "x");
+    const absl::StatusOr<std::string> put = client_->PutObject(bucket_, "warm-up", "x");
     INFO(put.status());
     REQUIRE(put.ok());
   }
@@ -219,9 +204,7 @@ class Bucket {
     return bytes;
   }
   // The remote tier's LATEST of the job: "step-...\n<micros>\n".
-  std::string Latest() const {
-    return Read(absl::StrCat(prefix_, "job/LATEST")).value_or("");
-  }
+  std::string Latest() const { return Read(absl::StrCat(prefix_, "job/LATEST")).value_or(""); }
   // Step-<step> is committed remotely with the local COMMIT's bytes and
   // every data file whole.
   void RequireCommitted(const DaemonProcess& daemon, int step) const {
@@ -231,8 +214,7 @@ class Bucket {
     CHECK(*commit == ReadAll(local / "COMMIT"));
     for (const fs::path& file : DataFiles(daemon, step)) {
       INFO(file);
-      std::optional<std::string> object =
-          Read(Key(step, file.filename().string()));
+      std::optional<std::string> object = Read(Key(step, file.filename().string()));
       REQUIRE(object.has_value());
       CHECK(*object == ReadAll(file));
     }
@@ -250,10 +232,8 @@ class Bucket {
   std::string prefix_;
 };
 
-std::vector<std::string> S3Flags(const std::string& bucket,
-                                 const std::string& endpoint,
-                                 const std::string& region,
-                                 const std::string& credentials,
+std::vector<std::string> S3Flags(const std::string& bucket, const std::string& endpoint,
+                                 const std::string& region, const std::string& credentials,
                                  int upload_timeout_ms = kUploadTimeoutMs) {
   return {"--remote",
           absl::StrCat("s3://", bucket, "/tier"),
@@ -276,20 +256,16 @@ void CheckNamed(const v1::RemoteUpload& upload, const std::string& key,
   CHECK(absl::StrContains(upload.error(), "node 0"));
   CHECK(absl::StrContains(upload.error(), key));
   bool named = false;
-  for (const std::string& cause : causes)
-    named = named || absl::StrContains(upload.error(), cause);
+  for (const std::string& cause : causes) named = named || absl::StrContains(upload.error(), cause);
   CHECK(named);
 }
 
 }  // namespace
 
-TEST_CASE(
-    "remote faults: 503 SlowDown and connections closed mid-transfer are "
-    "retried and "
-    "commit, a network cut fails within its bound naming node, object and "
-    "cause, and "
-    "the next save commits once the cut ends",
-    "[integration][remote][s3server]") {
+TEST_CASE("remote faults: 503 SlowDown and connections closed mid-transfer are retried and "
+          "commit, a network cut fails within its bound naming node, object and cause, and the "
+          "next save commits once the cut ends",
+          "[integration][remote][s3server]") {
   std::string skip_reason;
   auto server = s3::testing::S3TestServer::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
@@ -298,10 +274,9 @@ TEST_CASE(
   REQUIRE(proxy.ok());
   TempDir secrets;
   const std::string credentials = secrets.path() + "/credentials";
-  WriteCredentials(credentials, client_options.credentials.access_key_id,
-                   server->secret_key());
-  DaemonProcess daemon(S3Flags(server->bucket(), (*proxy)->endpoint(),
-                               client_options.region, credentials));
+  WriteCredentials(credentials, client_options.credentials.access_key_id, server->secret_key());
+  DaemonProcess daemon(
+      S3Flags(server->bucket(), (*proxy)->endpoint(), client_options.region, credentials));
   const Bucket bucket(server->Client(), server->bucket(), "tier/");
   bucket.WarmUp();
 
@@ -343,8 +318,7 @@ TEST_CASE(
   REQUIRE(cut.state() == "failed");
   CHECK(Seconds(cut) <= FailureBoundSeconds(kUploadTimeoutMs));
   const std::string file = DataFiles(daemon, 4).front().filename().string();
-  CheckNamed(cut, bucket.Key(4, file),
-             {"Timeout", "timed out", "deadline", "Deadline"});
+  CheckNamed(cut, bucket.Key(4, file), {"Timeout", "timed out", "deadline", "Deadline"});
   {
     const std::string log = DaemonLog(daemon);
     CHECK(absl::StrContains(log, bucket.Key(4, file)));
@@ -367,13 +341,10 @@ TEST_CASE(
   server->KillNow();  // a temporary server: no polite stop
 }
 
-TEST_CASE(
-    "remote faults: a wrong secret or a missing bucket fails the upload at "
-    "once with "
-    "no retries, naming 403 or NoSuchBucket, the secret is never shown, and "
-    "the next "
-    "save commits once the fault is fixed",
-    "[integration][remote][s3server]") {
+TEST_CASE("remote faults: a wrong secret or a missing bucket fails the upload at once with no "
+          "retries, naming 403 or NoSuchBucket, the secret is never shown, and the next save "
+          "commits once the fault is fixed",
+          "[integration][remote][s3server]") {
   std::string skip_reason;
   auto server = s3::testing::S3TestServer::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
@@ -388,10 +359,9 @@ TEST_CASE(
   // and every upload fails at once naming NoSuchBucket, until it exists.
   {
     const std::string missing = server->bucket() + "-missing";
-    WriteCredentials(credentials, client_options.credentials.access_key_id,
-                     server->secret_key());
-    DaemonProcess daemon(S3Flags(missing, (*proxy)->endpoint(),
-                                 client_options.region, credentials));
+    WriteCredentials(credentials, client_options.credentials.access_key_id, server->secret_key());
+    DaemonProcess daemon(
+        S3Flags(missing, (*proxy)->endpoint(), client_options.region, credentials));
     const int before = (*proxy)->requests();
     REQUIRE(Save(daemon, 1).exit_code == 0);
     const v1::RemoteUpload failed = WaitUploadEnd(daemon, 1);
@@ -400,8 +370,7 @@ TEST_CASE(
     CHECK(Seconds(failed) < 1.0);
     CHECK((*proxy)->requests() - before == 1);  // no retries
     const Bucket bucket(server->Client(), missing, "tier/");
-    CheckNamed(failed,
-               bucket.Key(1, DataFiles(daemon, 1).front().filename().string()),
+    CheckNamed(failed, bucket.Key(1, DataFiles(daemon, 1).front().filename().string()),
                {"NoSuchBucket"});
     CHECK(absl::StrContains(DaemonLog(daemon), "NoSuchBucket"));
     RequireLoads(daemon, 1);
@@ -416,10 +385,9 @@ TEST_CASE(
   // (d) A wrong secret: 403 and the server's code, at once, no retries; the
   // secret appears neither in the log nor in the status.
   const std::string wrong_secret = "wrong-secret-never-shown-7f3a9c51d2";
-  WriteCredentials(credentials, client_options.credentials.access_key_id,
-                   wrong_secret);
-  DaemonProcess daemon(S3Flags(server->bucket(), (*proxy)->endpoint(),
-                               client_options.region, credentials));
+  WriteCredentials(credentials, client_options.credentials.access_key_id, wrong_secret);
+  DaemonProcess daemon(
+      S3Flags(server->bucket(), (*proxy)->endpoint(), client_options.region, credentials));
   const Bucket bucket(server->Client(), server->bucket(), "tier/");
   bucket.WarmUp();
   const int before = (*proxy)->requests();
@@ -429,18 +397,15 @@ TEST_CASE(
   REQUIRE(denied.state() == "failed");
   CHECK(Seconds(denied) < 1.0);
   CHECK((*proxy)->requests() - before == 1);  // no retries
-  CheckNamed(denied,
-             bucket.Key(1, DataFiles(daemon, 1).front().filename().string()),
-             {"HTTP 403"});
+  CheckNamed(denied, bucket.Key(1, DataFiles(daemon, 1).front().filename().string()), {"HTTP 403"});
   CHECK((absl::StrContains(denied.error(), "SignatureDoesNotMatch") ||
          absl::StrContains(denied.error(), "InvalidAccessKeyId") ||
          absl::StrContains(denied.error(), "AccessDenied")));
   bucket.RequireNotCommitted(1);
   RequireLoads(daemon, 1);
-  const ProcessResult text =
-      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
-  const ProcessResult json = RunProcess(
-      {CKPTCTL_BINARY, "--socket", daemon.socket(), "status", "--json"});
+  const ProcessResult text = RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status"});
+  const ProcessResult json =
+      RunProcess({CKPTCTL_BINARY, "--socket", daemon.socket(), "status", "--json"});
   CHECK(absl::StrContains(text.out, "HTTP 403"));
   for (const std::string& shown : {DaemonLog(daemon), text.out, json.out}) {
     CHECK_FALSE(absl::StrContains(shown, wrong_secret));
@@ -449,8 +414,7 @@ TEST_CASE(
 
   // The operator fixes the secret and restarts the daemon: it resumes the
   // failed upload, and the next save commits too.
-  WriteCredentials(credentials, client_options.credentials.access_key_id,
-                   server->secret_key());
+  WriteCredentials(credentials, client_options.credentials.access_key_id, server->secret_key());
   daemon.Kill();
   daemon.Restart();
   RequireUploadCommitted(daemon, 1);
@@ -462,13 +426,10 @@ TEST_CASE(
   server->KillNow();
 }
 
-TEST_CASE(
-    "remote faults: the S3 server killed mid-upload fails the upload within "
-    "its bound "
-    "naming the connection, and once it is back the next save commits and "
-    "nothing "
-    "committed earlier is lost",
-    "[integration][remote][s3server]") {
+TEST_CASE("remote faults: the S3 server killed mid-upload fails the upload within its bound "
+          "naming the connection, and once it is back the next save commits and nothing "
+          "committed earlier is lost",
+          "[integration][remote][s3server]") {
   if (std::getenv("CKPT_RGW_ENV") != nullptr) {
     // The shared Ceph RGW of the ctest run is not this test's to kill.
     CKPT_SKIP("kills and restarts the S3 server: SeaweedFS only");
@@ -482,16 +443,13 @@ TEST_CASE(
   WriteCredentials(credentials, s3::testing::SeaweedFs::kAccessKey,
                    s3::testing::SeaweedFs::kSecretKey);
   std::vector<std::string> flags =
-      S3Flags(s3::testing::SeaweedFs::kBucket,
-              absl::StrCat("http://127.0.0.1:", server->s3_port()),
+      S3Flags(s3::testing::SeaweedFs::kBucket, absl::StrCat("http://127.0.0.1:", server->s3_port()),
               client_options.region, credentials, kKilledUploadTimeoutMs);
   // 1 MiB/s: the 2 MiB file waits a second for its pace (a second's worth
   // may go at once), time to kill the server while the upload runs.
-  flags.insert(flags.end(),
-               {"--remote_max_bytes_per_second", std::to_string(1 << 20)});
+  flags.insert(flags.end(), {"--remote_max_bytes_per_second", std::to_string(1 << 20)});
   DaemonProcess daemon(flags);
-  const Bucket bucket(server->Client(), s3::testing::SeaweedFs::kBucket,
-                      "tier/");
+  const Bucket bucket(server->Client(), s3::testing::SeaweedFs::kBucket, "tier/");
   bucket.WarmUp();
 
   REQUIRE(Save(daemon, 1).exit_code == 0);
@@ -501,17 +459,14 @@ TEST_CASE(
   REQUIRE(Save(daemon, 2).exit_code == 0);
   // Killed while step-2 uploads.
   {
-    const auto end =
-        std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     bool uploading = false;
     while (!uploading && std::chrono::steady_clock::now() < end) {
       const v1::DaemonStatusResponse status = StatusOf(daemon);
       for (const v1::RemoteUpload& u : status.remote_uploads()) {
-        uploading = uploading ||
-                    (u.checkpoint() == StepName(2) && u.state() == "uploading");
+        uploading = uploading || (u.checkpoint() == StepName(2) && u.state() == "uploading");
       }
-      if (!uploading)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!uploading) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     REQUIRE(uploading);
   }
@@ -522,8 +477,7 @@ TEST_CASE(
   // (or, had the server answered again in time, committed).
   CHECK(Seconds(killed) <= FailureBoundSeconds(kKilledUploadTimeoutMs));
   REQUIRE(killed.state() == "failed");
-  CheckNamed(killed,
-             bucket.Key(2, DataFiles(daemon, 2).front().filename().string()),
+  CheckNamed(killed, bucket.Key(2, DataFiles(daemon, 2).front().filename().string()),
              {"onnect", "refused", "Refused"});
   RequireLoads(daemon, 2);
 
@@ -538,22 +492,17 @@ TEST_CASE(
   server->Kill();
 }
 
-TEST_CASE(
-    "remote faults: a daemon killed at each step of the remote commit resumes "
-    "when it "
-    "starts again and commits there with the local COMMIT's bytes, and nothing "
-    "incomplete is ever committed remotely",
-    "[integration][remote]") {
+TEST_CASE("remote faults: a daemon killed at each step of the remote commit resumes when it "
+          "starts again and commits there with the local COMMIT's bytes, and nothing incomplete "
+          "is ever committed remotely",
+          "[integration][remote]") {
   TempDir remote;
-  DaemonProcess daemon({"--remote", remote.path(), "--remote_upload_timeout_ms",
-                        std::to_string(kUploadTimeoutMs)});
+  DaemonProcess daemon(
+      {"--remote", remote.path(), "--remote_upload_timeout_ms", std::to_string(kUploadTimeoutMs)});
   const fs::path there = fs::path(remote.path()) / "job";
-  auto local = [&](int step) {
-    return fs::path(daemon.root()) / "job" / StepName(step);
-  };
+  auto local = [&](int step) { return fs::path(daemon.root()) / "job" / StepName(step); };
   auto latest = [&] {
-    return fs::exists(there / "LATEST") ? ReadAll(there / "LATEST")
-                                        : std::string();
+    return fs::exists(there / "LATEST") ? ReadAll(there / "LATEST") : std::string();
   };
   // What is committed remotely is whole: every data file there with the
   // local bytes, COMMIT the local COMMIT; LATEST names a committed one.
@@ -580,9 +529,8 @@ TEST_CASE(
 
   REQUIRE(Save(daemon, 1).exit_code == 0);
   wait_committed(1);
-  const std::vector<std::string> steps = {
-      "files_uploaded", "manifest_published", "group_gathered",
-      "commit_written", "latest_moved"};
+  const std::vector<std::string> steps = {"files_uploaded", "manifest_published", "group_gathered",
+                                          "commit_written", "latest_moved"};
   int step = 1;
   for (const std::string& point : steps) {
     ++step;
@@ -602,9 +550,8 @@ TEST_CASE(
     // then whole; LATEST never names what is not committed there.
     const bool committed = check_committed_whole(step);
     CHECK(committed == (point == "commit_written" || point == "latest_moved"));
-    CHECK(absl::StartsWith(
-        latest(),
-        StepName(committed && point == "latest_moved" ? step : step - 1)));
+    CHECK(absl::StartsWith(latest(),
+                           StepName(committed && point == "latest_moved" ? step : step - 1)));
     CHECK(check_committed_whole(step - 1));
 
     daemon.SetEnvironment({});
@@ -622,11 +569,9 @@ TEST_CASE(
     }
     CHECK(check_committed_whole(step));
     CHECK(absl::StartsWith(latest(), StepName(step)));
-    for (const fs::directory_entry& entry :
-         fs::recursive_directory_iterator(there)) {
+    for (const fs::directory_entry& entry : fs::recursive_directory_iterator(there)) {
       INFO(entry.path());
-      CHECK(entry.path().filename().string().find(".tmp.") ==
-            std::string::npos);
+      CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
     }
   }
   RequireLoads(daemon, 1);
@@ -637,13 +582,10 @@ TEST_CASE(
   CHECK(check_committed_whole(step + 1));
 }
 
-TEST_CASE(
-    "remote faults: the local disk full while an upload runs fails only the "
-    "new save, "
-    "naming ENOSPC, the upload still commits, and once space is free the next "
-    "save "
-    "commits in both tiers",
-    "[integration][remote]") {
+TEST_CASE("remote faults: the local disk full while an upload runs fails only the new save, "
+          "naming ENOSPC, the upload still commits, and once space is free the next save "
+          "commits in both tiers",
+          "[integration][remote]") {
   // The root on a file system of the test's own, filled while step-1 is
   // uploaded (needs CAP_SYS_ADMIN: reported skipped without it).
   SmallFileSystem small(10 << 20);
@@ -653,18 +595,16 @@ TEST_CASE(
   REQUIRE(::mkdir(root.c_str(), 0755) == 0);
   // 1 MiB/s: step-1's 2 MiB wait a second for their pace (a second's worth
   // may go at once), time to fill the disk while the upload runs.
-  DaemonProcess daemon(
-      {"--remote", remote.path(), "--remote_max_bytes_per_second",
-       std::to_string(1 << 20), "--remote_upload_timeout_ms", "20000"},
-      root);
+  DaemonProcess daemon({"--remote", remote.path(), "--remote_max_bytes_per_second",
+                        std::to_string(1 << 20), "--remote_upload_timeout_ms", "20000"},
+                       root);
   const fs::path there = fs::path(remote.path()) / "job";
 
   REQUIRE(Save(daemon, 1).exit_code == 0);
   // Fill the disk.
   const std::string filler = small.path() + "/filler";
   {
-    const int fd =
-        ::open(filler.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const int fd = ::open(filler.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     REQUIRE(fd >= 0);
     const std::string block(64 << 10, 'x');
     int error = 0;
@@ -680,9 +620,8 @@ TEST_CASE(
     const v1::DaemonStatusResponse status = StatusOf(daemon);
     bool running = false;
     for (const v1::RemoteUpload& u : status.remote_uploads()) {
-      running =
-          running || (u.checkpoint() == StepName(1) &&
-                      (u.state() == "queued" || u.state() == "uploading"));
+      running = running || (u.checkpoint() == StepName(1) &&
+                            (u.state() == "queued" || u.state() == "uploading"));
     }
     REQUIRE(running);
   }

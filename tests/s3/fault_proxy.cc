@@ -60,8 +60,7 @@ bool SendAll(int fd, absl::string_view bytes) {
 bool SetSendTimeout(int fd) {
   timeval timeout{};
   timeout.tv_sec = kSendTimeoutSeconds;
-  return ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout)) ==
-         0;
+  return ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout)) == 0;
 }
 
 // Takes one from `counter` if it is positive.
@@ -75,8 +74,7 @@ bool TakeOne(std::atomic<int>& counter) {
 
 // The request head's method and Content-Length (0 if none); false if the
 // head is not one the proxy can frame (chunked, a bad length).
-bool ParseHead(absl::string_view head, std::string* method,
-               uint64_t* content_length) {
+bool ParseHead(absl::string_view head, std::string* method, uint64_t* content_length) {
   *content_length = 0;
   std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
   if (lines.empty()) return false;
@@ -86,10 +84,8 @@ bool ParseHead(absl::string_view head, std::string* method,
   for (size_t i = 1; i < lines.size(); ++i) {
     const size_t colon = lines[i].find(':');
     if (colon == absl::string_view::npos) continue;
-    const absl::string_view name =
-        absl::StripAsciiWhitespace(lines[i].substr(0, colon));
-    const absl::string_view value =
-        absl::StripAsciiWhitespace(lines[i].substr(colon + 1));
+    const absl::string_view name = absl::StripAsciiWhitespace(lines[i].substr(0, colon));
+    const absl::string_view value = absl::StripAsciiWhitespace(lines[i].substr(colon + 1));
     if (absl::EqualsIgnoreCase(name, "content-length")) {
       if (!absl::SimpleAtoi(value, content_length)) return false;
     } else if (absl::EqualsIgnoreCase(name, "transfer-encoding")) {
@@ -102,38 +98,32 @@ bool ParseHead(absl::string_view head, std::string* method,
 std::string SlowDownResponse(const std::string& method, int id) {
   const std::string body = absl::StrCat(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
-      "<Message>Please reduce your request "
-      "rate.</Message><RequestId>ckpt-fault-proxy-",
+      "<Message>Please reduce your request rate.</Message><RequestId>ckpt-fault-proxy-",
       id, "</RequestId></Error>");
-  return absl::StrCat(
-      "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n",
-      "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n",
-      method == "HEAD" ? "" : body);
+  return absl::StrCat("HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n",
+                      "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n",
+                      method == "HEAD" ? "" : body);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(
-    uint16_t upstream_port) {
+absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(uint16_t upstream_port) {
   std::unique_ptr<FaultProxy> proxy(new FaultProxy());
   proxy->upstream_port_ = upstream_port;
   proxy->listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (proxy->listener_ < 0) return Errno("socket");
   const int one = 1;
-  if (::setsockopt(proxy->listener_, SOL_SOCKET, SO_REUSEADDR, &one,
-                   sizeof(one)) != 0) {
+  if (::setsockopt(proxy->listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
     return Errno("SO_REUSEADDR");
   }
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(proxy->listener_, reinterpret_cast<sockaddr*>(&address),
-             sizeof(address)) != 0) {
+  if (::bind(proxy->listener_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return Errno("bind 127.0.0.1:0");
   }
   socklen_t size = sizeof(address);
-  if (::getsockname(proxy->listener_, reinterpret_cast<sockaddr*>(&address),
-                    &size) != 0) {
+  if (::getsockname(proxy->listener_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
     return Errno("getsockname");
   }
   proxy->port_ = ntohs(address.sin_port);
@@ -151,9 +141,7 @@ FaultProxy::~FaultProxy() {
   CloseFd(wake_);
 }
 
-std::string FaultProxy::endpoint() const {
-  return absl::StrCat("http://127.0.0.1:", port_);
-}
+std::string FaultProxy::endpoint() const { return absl::StrCat("http://127.0.0.1:", port_); }
 
 void FaultProxy::SetMode(Mode mode) {
   if (mode == Mode::kBlackHole) cut_epoch_.fetch_add(1);
@@ -213,8 +201,7 @@ void FaultProxy::Relay(int client) {
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     address.sin_port = htons(upstream_port_);
     if (upstream < 0 || !SetSendTimeout(upstream) ||
-        ::connect(upstream, reinterpret_cast<sockaddr*>(&address),
-                  sizeof(address)) != 0) {
+        ::connect(upstream, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
       // The server is down: the client's connection drops, as a load
       // balancer with no backend would drop it.
       CloseFd(upstream);
@@ -227,8 +214,7 @@ void FaultProxy::Relay(int client) {
   std::string head;        // the head being read
   uint64_t body_left = 0;  // body bytes of the current request still to come
   bool in_body = false;
-  bool answering =
-      false;  // the current request gets a 503 once its body is read
+  bool answering = false;  // the current request gets a 503 once its body is read
   std::string method;
   uint64_t forward_left = UINT64_MAX;  // bytes to forward before a cut
   char buffer[64 << 10];
@@ -248,8 +234,7 @@ void FaultProxy::Relay(int client) {
       continue;
     }
     if (cut_epoch_.load() != epoch) return finish();  // a cut came and went
-    pollfd fds[3] = {
-        {client, POLLIN, 0}, {upstream, POLLIN, 0}, {wake_, POLLIN, 0}};
+    pollfd fds[3] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}, {wake_, POLLIN, 0}};
     const int ready = ::poll(fds, 3, kPollMs);
     if (ready < 0) {
       if (errno == EINTR) continue;
@@ -260,8 +245,7 @@ void FaultProxy::Relay(int client) {
     if ((fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       const ssize_t n = ::recv(upstream, buffer, sizeof(buffer), 0);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0 ||
-          !SendAll(client, absl::string_view(buffer, static_cast<size_t>(n)))) {
+      if (n <= 0 || !SendAll(client, absl::string_view(buffer, static_cast<size_t>(n)))) {
         return finish();
       }
     }
@@ -284,8 +268,7 @@ void FaultProxy::Relay(int client) {
         const size_t head_size = end + 4;
         data.remove_prefix(head_size - before);
         const int id = requests_.fetch_add(1) + 1;
-        if (!ParseHead(absl::string_view(head).substr(0, head_size), &method,
-                       &body_left)) {
+        if (!ParseHead(absl::string_view(head).substr(0, head_size), &method, &body_left)) {
           return finish();
         }
         in_body = true;
@@ -295,13 +278,10 @@ void FaultProxy::Relay(int client) {
         } else {
           if (TakeOne(cut_next_)) {
             cuts_done_.fetch_add(1);
-            forward_left =
-                std::max<uint64_t>(head_size, cut_after_bytes_.load());
+            forward_left = std::max<uint64_t>(head_size, cut_after_bytes_.load());
           }
-          const size_t send =
-              static_cast<size_t>(std::min<uint64_t>(head_size, forward_left));
-          if (!SendAll(upstream, absl::string_view(head).substr(0, send)))
-            return finish();
+          const size_t send = static_cast<size_t>(std::min<uint64_t>(head_size, forward_left));
+          if (!SendAll(upstream, absl::string_view(head).substr(0, send))) return finish();
           if (forward_left != UINT64_MAX) forward_left -= send;
           if (forward_left == 0) return finish();  // cut after the head
           // A request to cut that is shorter than cut_after_bytes: cut once
@@ -319,21 +299,18 @@ void FaultProxy::Relay(int client) {
         continue;
       }
       // A body: dropped (answered with 503 at its end) or forwarded.
-      const size_t take =
-          static_cast<size_t>(std::min<uint64_t>(body_left, data.size()));
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(body_left, data.size()));
       if (answering) {
         body_left -= take;
         data.remove_prefix(take);
         if (body_left == 0) {
           // Closed after the answer, whether or not the client took it.
-          if (!SendAll(client, SlowDownResponse(method, requests_.load())))
-            return finish();
+          if (!SendAll(client, SlowDownResponse(method, requests_.load()))) return finish();
           return finish();
         }
         continue;
       }
-      const size_t send =
-          static_cast<size_t>(std::min<uint64_t>(take, forward_left));
+      const size_t send = static_cast<size_t>(std::min<uint64_t>(take, forward_left));
       if (!SendAll(upstream, data.substr(0, send))) return finish();
       if (forward_left != UINT64_MAX) {
         forward_left -= send;
@@ -342,8 +319,7 @@ void FaultProxy::Relay(int client) {
       body_left -= take;
       data.remove_prefix(take);
       if (body_left == 0) {
-        if (forward_left != UINT64_MAX)
-          return finish();  // sent whole: cut before the answer
+        if (forward_left != UINT64_MAX) return finish();  // sent whole: cut before the answer
         in_body = false;
       }
     }

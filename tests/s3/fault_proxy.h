@@ -49,8 +49,7 @@ class FaultProxy {
   enum class Mode { kPass, kBlackHole };
 
   // Listens on 127.0.0.1 (a free port) and relays to 127.0.0.1:upstream_port.
-  static absl::StatusOr<std::unique_ptr<FaultProxy>> Start(
-      uint16_t upstream_port);
+  static absl::StatusOr<std::unique_ptr<FaultProxy>> Start(uint16_t upstream_port);
   ~FaultProxy();
   FaultProxy(const FaultProxy&) = delete;
   FaultProxy& operator=(const FaultProxy&) = delete;
