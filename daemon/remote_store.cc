@@ -60,6 +60,16 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> OpenRemoteStore(const DaemonOptions
   if (!options.remote_credentials_file.empty()) file = options.remote_credentials_file;
   ASSIGN_OR_RETURN(client.credentials,
                    s3::ResolveCredentials(s3::ProcessEnvironment(), file));
+  // --remote_upload_timeout_ms is the bound of an upload's failure, so no
+  // single S3 operation may outlast it: the driver's defaults (2 minutes an
+  // attempt, 2 minutes with retries) let one request in flight when the
+  // network is cut run minutes past a shorter upload timeout, since the
+  // upload's own deadline is only looked at between requests (found by the
+  // network-cut test, tests/integration/remote_faults_test.cc). With both
+  // capped at the upload timeout, a failing upload ends within twice it.
+  const absl::Duration upload_timeout = absl::Milliseconds(options.remote_upload_timeout_ms);
+  client.request_timeout = std::min(client.request_timeout, upload_timeout);
+  client.retry.overall_deadline = std::min(client.retry.overall_deadline, upload_timeout);
   // Over HTTPS TLS protects the bodies, and ckptd checksums every block
   // itself: no SHA-256 pass over every uploaded byte.
   client.sign_payloads = !client.endpoint.https;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/crash_point.h"
 #include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/names.h"
@@ -162,6 +164,7 @@ void RemoteTier::FindUnfinished() {
     return a.committed_unix_micros() > b.committed_unix_micros();
   });
   int resumed = 0;
+  std::set<std::string> latest_checked;  // jobs
   for (const v1::CheckpointInfo& c : committed) {
     if (stopping_.load()) return;
     // Only checkpoints this node has a part of (its manifest is there).
@@ -169,7 +172,24 @@ void RemoteTier::FindUnfinished() {
     const std::string commit_key = absl::StrCat(CheckpointPrefix(c.job(), c.checkpoint()),
                                                 "COMMIT");
     absl::StatusOr<ObjectInfo> remote_commit = remote_->Head(commit_key);
-    if (remote_commit.ok()) continue;
+    if (remote_commit.ok()) {
+      // A daemon killed between writing COMMIT and moving the remote LATEST
+      // (found by the crash test at REMOTE.commit_written) left LATEST
+      // naming an older checkpoint: a replacement node restoring "latest"
+      // from the remote tier would take that one. The upload itself is
+      // done, so it is not queued again; the root moves LATEST forward for
+      // the newest one committed there (UpdateLatest never moves it back).
+      // The root only: one request per job at start, not one per node.
+      if (options_.node_id == 0 && latest_checked.insert(c.job()).second) {
+        absl::Status latest = UpdateLatest(c.job(), c.checkpoint());
+        if (!latest.ok()) {
+          LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
+                     "remote tier: cannot check the remote LATEST at start: ",
+                     latest.ToString());
+        }
+      }
+      continue;
+    }
     if (!absl::IsNotFound(remote_commit.status())) {
       LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
                  "remote tier: cannot tell whether it is committed there: ",
@@ -313,6 +333,16 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
   for (const v1::DataFile& file : manifest.files()) {
     RETURN_IF_ERROR(UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload));
   }
+  // The steps of the remote commit are crash points (common/crash_point.h;
+  // the others are in tree_commit.cc).
+  CrashPoint("REMOTE", "files_uploaded");
+  if (absl::Now() > deadline) {
+    // The last file's requests may have used up the time: the commit's own
+    // requests would each take up to a request's deadline more.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "node ", options_.node_id, ": ", job, "/", checkpoint, ": files uploaded, but not "
+        "within ", absl::FormatDuration(options_.upload_timeout), "; not committed remotely"));
+  }
   Update(upload, RemoteState::kCommitting, upload.progress.bytes_uploaded,
          upload.progress.files_uploaded);
 
@@ -337,6 +367,7 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
       LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
                  "remote tier: committed, but LATEST not moved: ", latest.ToString());
     }
+    CrashPoint("REMOTE", "latest_moved");
   }
   if (!node.last_failure().ok() && node.outcome().ok()) {
     LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
@@ -451,6 +482,7 @@ absl::StatusOr<RemoteLatest> RemoteTier::ReadLatest(const std::string& job) cons
 absl::Status RemoteTier::UpdateLatest(const std::string& job, const std::string& checkpoint) {
   ASSIGN_OR_RETURN(v1::CommitRecord record, local_->ReadCommit(job, checkpoint));
   absl::StatusOr<RemoteLatest> current = ReadLatest(job);
+  if (current.ok() && current->checkpoint == checkpoint) return absl::OkStatus();  // there
   if (current.ok() && current->checkpoint != checkpoint &&
       current->committed_unix_micros > record.committed_unix_micros()) {
     return absl::OkStatus();  // only forward

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/crash_point.h"
 #include "common/status.h"
 #include "format/manifest_check.h"
 #include "format/manifest_file.h"
@@ -182,6 +183,10 @@ absl::Time TreeCommitNode::Publish(absl::Time now) {
     NoteFailure(put);
     return now + options_.poll_interval;
   }
+  // The remote commit's steps are crash points (common/crash_point.h): a
+  // daemon killed at each must resume and commit (tests/integration/
+  // remote_faults_test.cc).
+  CrashPoint("REMOTE", "manifest_published");
   phase_ = leader_ ? Phase::kGatherGroup : Phase::kAwaitCommit;
   return now;  // a leader whose members are all in goes on at once
 }
@@ -362,6 +367,7 @@ absl::Status TreeCommitNode::WriteGroupRecord(uint32_t group) {
   }
   RETURN_IF_ERROR(
       store_.Put(layout_.GroupRecordKey(group), FrameMessage(kManifestGroupMagic, record)));
+  CrashPoint("REMOTE", "group_gathered");
   fetched_manifests_.clear();
   return absl::OkStatus();
 }
@@ -429,6 +435,7 @@ absl::Status TreeCommitNode::WriteCommit() {
   }
   ASSIGN_OR_RETURN(v1::CommitRecord commit, MergeNodeManifests(std::move(manifests)));
   RETURN_IF_ERROR(store_.Put(layout_.CommitKey(), FrameMessage(kCommitMagic, commit)));
+  CrashPoint("REMOTE", "commit_written");
   fetched_groups_.clear();
   wrote_commit_ = true;
   return absl::OkStatus();

@@ -3,6 +3,8 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -27,7 +29,8 @@ CURLcode GlobalInit() {
 // One request's state, shared with the callbacks.
 struct Transfer {
   CURL* handle = nullptr;
-  absl::string_view body;  // left to send
+  absl::string_view whole;  // the request body
+  absl::string_view body;   // left to send: a suffix of `whole`
   absl::Span<char> into;
   bool into_decided = false;
   bool use_into = false;
@@ -42,6 +45,24 @@ size_t ReadBody(char* buffer, size_t size, size_t count, void* data) {
   std::memcpy(buffer, transfer->body.data(), n);
   transfer->body.remove_prefix(n);
   return n;
+}
+
+// libcurl rewinds the body when it must send it again on a new connection
+// (a reused connection that dropped mid-send, a redirect). Without this it
+// cannot, and the transfer fails with CURLE_SEND_FAIL_REWIND, which is not
+// a transient error by its code: a connection closed in the middle of a
+// PutObject failed the whole upload at once instead of being retried
+// (found by the connections-closed-mid-transfer case of
+// tests/integration/remote_faults_test.cc). The body is the caller's
+// memory, so any offset in it can be sent again.
+int SeekBody(void* data, curl_off_t offset, int origin) {
+  auto* transfer = static_cast<Transfer*>(data);
+  if (origin != SEEK_SET || offset < 0 ||
+      static_cast<uint64_t>(offset) > transfer->whole.size()) {
+    return CURL_SEEKFUNC_FAIL;
+  }
+  transfer->body = transfer->whole.substr(static_cast<size_t>(offset));
+  return CURL_SEEKFUNC_OK;
 }
 
 size_t WriteBody(char* bytes, size_t size, size_t count, void* data) {
@@ -131,6 +152,9 @@ absl::Status TransferError(CURLcode code, const char* detail, const Transfer& tr
     case CURLE_COULDNT_RESOLVE_PROXY:
     case CURLE_COULDNT_CONNECT:
     case CURLE_SEND_ERROR:
+    // The connection dropped while the body was sent and libcurl could not
+    // send it again on that attempt: the next attempt sends it whole.
+    case CURLE_SEND_FAIL_REWIND:
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
@@ -206,6 +230,7 @@ absl::StatusOr<HttpResponse> HttpTransport::Perform(const HttpRequest& request) 
   HttpResponse response;
   Transfer transfer;
   transfer.handle = handle;
+  transfer.whole = request.body;
   transfer.body = request.body;
   transfer.into = request.body_into;
   transfer.cap = options_.max_response_bytes;
@@ -258,6 +283,8 @@ absl::StatusOr<HttpResponse> HttpTransport::Perform(const HttpRequest& request) 
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_UPLOAD, 1L));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_READFUNCTION, ReadBody));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_READDATA, &transfer));
+    RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_SEEKFUNCTION, SeekBody));
+    RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_SEEKDATA, &transfer));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_INFILESIZE_LARGE,
                                 static_cast<curl_off_t>(request.body.size())));
     if (request.method == "POST") {

@@ -105,4 +105,8 @@ std::string S3TestServer::LogTail() const {
   return "(Ceph RGW's logs: CKPT_RGW_DIR in the file CKPT_RGW_ENV names)";
 }
 
+void S3TestServer::KillNow() {
+  if (seaweedfs_ != nullptr) seaweedfs_->Kill();
+}
+
 }  // namespace ckpt::s3::testing

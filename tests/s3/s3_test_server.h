@@ -36,6 +36,10 @@ class S3TestServer {
   std::unique_ptr<S3Client> Client() const;
   // The server's log, where this test started it.
   std::string LogTail() const;
+  // Ends the SeaweedFS this test started at once (SIGKILL: its data is the
+  // test's temporary directory), instead of the destructor's polite stop
+  // with its 2 s of grace; nothing for the shared RGW.
+  void KillNow();
 
  private:
   S3TestServer() = default;

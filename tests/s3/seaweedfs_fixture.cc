@@ -51,9 +51,14 @@ std::unique_ptr<SeaweedFs> SeaweedFs::Start(std::string* skip_reason) {
   REQUIRE(mkdir(data.c_str(), 0700) == 0);
   const std::vector<uint16_t> ports = FreeLoopbackPorts(8);
   server->s3_port_ = ports[6];
-  std::vector<std::string> args = {
+  server->args_ = {
       WEED_BINARY_PATH, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
       "-dir=" + data, "-master.telemetry=false",
+      // A restarted master (Restart) waits out its raft election before it
+      // leads, and a volume server whose first heartbeat came too early
+      // tries again 5 s later: 20-25 s here with the default 10 s timeout,
+      // 3 s with this. One master: nobody to elect against.
+      "-master.electionTimeout=200ms",
       // Small volumes: the default (30 GB preallocated, 7 per bucket) is
       // for production disks, not a test's temporary directory.
       "-master.volumeSizeLimitMB=64", "-volume.max=64",
@@ -66,7 +71,14 @@ std::unique_ptr<SeaweedFs> SeaweedFs::Start(std::string* skip_reason) {
       // A missing bucket must stay missing (S3's NoSuchBucket), not be
       // made by the first write to it.
       "-s3.autoCreateBucket=false"};
-  const std::string log = server->dir_.File("weed.log");
+  server->Launch();
+  server->WaitUntilUp(/*restarted=*/false);
+  return server;
+}
+
+void SeaweedFs::Launch() {
+  const std::string log = dir_.File("weed.log");
+  std::vector<std::string> args = args_;
   const pid_t parent = getpid();
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
@@ -74,7 +86,7 @@ std::unique_ptr<SeaweedFs> SeaweedFs::Start(std::string* skip_reason) {
     // The server dies with the test, whatever way the test ends.
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
     setpgid(0, 0);
-    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (out < 0 || dup2(out, STDOUT_FILENO) < 0 || dup2(out, STDERR_FILENO) < 0) _exit(127);
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
@@ -82,31 +94,61 @@ std::unique_ptr<SeaweedFs> SeaweedFs::Start(std::string* skip_reason) {
     execv(argv[0], argv.data());
     _exit(127);
   }
-  server->pid_ = pid;
+  pid_ = pid;
+}
 
-  // Up when the bucket can be made with the test's credentials: the S3
-  // port answers, the filer behind it is ready, signatures are checked.
-  S3ClientOptions options = server->ClientOptions();
+void SeaweedFs::WaitUntilUp(bool restarted) {
+  // Up when the bucket can be made (or, after a restart, listed) with the
+  // test's credentials: the S3 port answers, the filer behind it is ready,
+  // signatures are checked.
+  S3ClientOptions options = ClientOptions();
   options.retry.max_attempts = 1;
   options.request_timeout = absl::Seconds(5);
   std::unique_ptr<S3Client> client = S3Client::Create(options).value();
   const absl::Time deadline = absl::Now() + kStartBound;
   absl::Status made;
   while (true) {
-    made = client->CreateBucket(kBucket);
+    if (!restarted) {
+      made = client->CreateBucket(kBucket);
+    } else {
+      // Restarted: its bucket lists, and an object in it reads (the data
+      // is reachable once the volume server has told the master of it).
+      absl::StatusOr<ListObjectsResult> listed = client->ListObjects(kBucket, "", "");
+      made = listed.status();
+      if (made.ok() && !listed->objects.empty()) {
+        const ObjectSummary& first = listed->objects.front();
+        std::string bytes(first.size, '\0');
+        made = client->GetObject(kBucket, first.key, absl::MakeSpan(bytes)).status();
+      }
+    }
     if (made.ok()) break;
     int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      server->pid_ = -1;
-      FAIL("weed exited while starting (status " << status << "): " << server->LogTail());
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      FAIL("weed exited while starting (status " << status << "): " << LogTail());
     }
     if (absl::Now() > deadline) {
       FAIL("SeaweedFS did not come up within " << absl::FormatDuration(kStartBound) << ": "
-                                               << made << "\n" << server->LogTail());
+                                               << made << "\n" << LogTail());
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  return server;
+}
+
+void SeaweedFs::Kill() {
+  REQUIRE(pid_ > 0);
+  // weed is one process (master, volume, filer and s3 as goroutines), in a
+  // group of its own: the whole group goes.
+  REQUIRE(kill(-pid_, SIGKILL) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid_, &status, 0) == pid_);
+  pid_ = -1;
+}
+
+void SeaweedFs::Restart() {
+  REQUIRE(pid_ <= 0);
+  Launch();
+  WaitUntilUp(/*restarted=*/true);
 }
 
 SeaweedFs::~SeaweedFs() {

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "storage/s3/s3_client.h"
 #include "support/temp_dir.h"
@@ -37,11 +38,25 @@ class SeaweedFs {
   std::unique_ptr<S3Client> Client() const;
   // The server's log (for a failure's report).
   std::string LogTail() const;
+  uint16_t s3_port() const { return s3_port_; }
+
+  // A server that dies (fault tests): SIGKILL to every weed process, then
+  // reaped. Its data directory stays.
+  void Kill();
+  // Starts it again on the same ports and data (after Kill), and waits
+  // (bounded) until the bucket answers.
+  void Restart();
 
  private:
   SeaweedFs() = default;
+  // Forks and execs weed with args_, its output appended to its log.
+  void Launch();
+  // Waits until `ready` succeeds, FAILing after the start bound or if weed
+  // exits.
+  void WaitUntilUp(bool restarted);
 
   ckpt::testing::TempDir dir_;
+  std::vector<std::string> args_;
   pid_t pid_ = -1;
   uint16_t s3_port_ = 0;
 };

@@ -262,9 +262,37 @@ TEST_CASE("a tier that starts resumes what an earlier daemon left: a checkpoint 
     tier.ResumeUnfinished();
     absl::SleepFor(absl::Milliseconds(300));
     CHECK(tier.Progress().empty());
+    // Not uploaded again; the root only checks that the remote LATEST
+    // names it (a Head and a Get of LATEST), which it does: no Put.
     CHECK(counted->counts().of(ObjectRequest::kPut) == 0);
-    CHECK(counted->counts().of(ObjectRequest::kHead) == 1);
+    CHECK(counted->counts().of(ObjectRequest::kHead) == 2);
   }
+}
+
+TEST_CASE("a tier that starts moves the remote LATEST forward to the checkpoint a daemon "
+          "killed between COMMIT and LATEST committed there",
+          "[remote_tier]") {
+  LocalCheckpoint local(1);
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  const std::string latest_key = absl::StrCat(kJob, "/LATEST");
+  {
+    RemoteTier tier(NodeOptions(0, 1), &local.store, nullptr, &local.leases, remote);
+    REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());
+    std::optional<RemoteProgress> p = tier.WaitFor(kJob, kCheckpoint, absl::Seconds(30));
+    REQUIRE(p.has_value());
+    REQUIRE(p->state == RemoteState::kCommitted);
+  }
+  // What the killed daemon left: COMMIT there, LATEST on an older one.
+  REQUIRE(remote->Put(latest_key, "step-0\n1\n").ok());
+  RemoteTier tier(NodeOptions(0, 1), &local.store, nullptr, &local.leases, remote);
+  tier.ResumeUnfinished();
+  std::string latest;
+  for (int i = 0; i < 500 && !absl::StartsWith(latest, kCheckpoint); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    latest = GetSmallObject(*remote, latest_key, 1024).value_or("");
+  }
+  CHECK(absl::StartsWith(latest, absl::StrCat(kCheckpoint, "\n")));
+  CHECK(tier.Progress().empty());  // nothing uploaded again
 }
 
 }  // namespace
