@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A rank of ckpt-loadgen killed (SIGKILL) while the run saves again and
-# again: the run fails within seconds, naming the rank and its signal,
-# and leaves no rank behind. Before, the killed rank never reached the
+# A rank of ckpt-loadgen killed (SIGKILL) between two saves of a run that
+# saves again and again: the run fails within seconds, naming the rank and
+# its signal, the other rank is released from the step barrier, and no
+# rank is left behind. Before, the killed rank never reached the
 # step barrier and the others (and the harness, reading their results in
 # order) waited there for ever (issue 33, item 6).
 #
@@ -55,8 +56,31 @@ if [ "${#ranks[@]}" -ne 2 ]; then
   echo "loadgen_rank_killed_test: ckpt-loadgen has ${#ranks[@]} ranks, not 2" >&2
   exit 1
 fi
+# Between two saves: rank 1 is stopped where it is, and after the daemon
+# had 0.3 s to act on anything it sent, every checkpoint directory is
+# committed. Then its last save ended and neither rank has started the
+# next, so rank 0 waits at the step barrier. Otherwise it runs on and is
+# stopped again a moment later.
+between=""
+for _ in $(seq 40); do
+  kill -STOP "${ranks[1]}"
+  sleep 0.3
+  started=$(find "$dir/root/killed" -mindepth 1 -maxdepth 1 -name 'step-*' | wc -l)
+  committed=$(find "$dir/root/killed" -mindepth 2 -maxdepth 2 -name COMMIT | wc -l)
+  if [ "$started" -eq "$committed" ]; then
+    between=$committed
+    break
+  fi
+  kill -CONT "${ranks[1]}"
+  sleep "0.0$((RANDOM % 9 + 1))"
+done
+if [ -z "$between" ]; then
+  echo "loadgen_rank_killed_test: rank 1 was never stopped between two saves in 40 tries" >&2
+  exit 1
+fi
 kill -KILL "${ranks[1]}"
 killed_at=$(date +%s%N)
+echo "rank 1 killed after checkpoint $between committed, before the next began"
 
 # The bound: kAbortGraceMs (30 s) for a rank stuck in a call; a rank at the
 # barrier or in a save whose other rank died ends at once.
@@ -87,6 +111,10 @@ if [ "$status" -eq 0 ]; then
 fi
 grep -qE "^rank 1 \\(pid ${ranks[1]}\\): killed by signal 9" "$dir/err" || {
   echo "loadgen_rank_killed_test: stderr does not name rank 1's death" >&2
+  exit 1
+}
+grep -qE "^rank 0: ABORTED: another rank failed" "$dir/err" || {
+  echo "loadgen_rank_killed_test: rank 0 was not released from the step barrier" >&2
   exit 1
 }
 grep -qF '"ok": false' "$dir/out" || {
