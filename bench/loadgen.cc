@@ -23,6 +23,9 @@
 // run); --exit-after-staged makes every rank _exit right after STAGED, as a
 // crashing trainer would. --ranks R is a synonym of --ranks-per-node R.
 // Children are forked before any gRPC state exists in the parent.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -423,9 +426,68 @@ DaemonReport QueryDaemons(const Args& args) {
   return report;
 }
 
+// How long the ranks still running get to end once one has failed and the
+// barriers were aborted (a rank in a call to its daemon ends when the call
+// does: a save whose other rank died fails at once, a load in under a
+// minute); then they are killed. So a run with a dead rank ends within
+// this bound of the death instead of hanging (issue 33).
+constexpr int64_t kAbortGraceMs = 30000;
+// How often the parent looks at its ranks while it waits at a barrier.
+constexpr int64_t kWatchIntervalMs = 100;
+
+// Releases every rank from the barriers it may be waiting at.
+void AbortBarriers() {
+  g_barriers->start.Abort();
+  g_barriers->step.Abort();
+}
+
+// True if one of `pids` has ended (it stays a zombie for RunWave to reap).
+bool AnyRankEnded(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The parent's own wait at `barrier` with the ranks `pids`: aborted (for
+// everyone) if a rank ends before the barrier passes, which only a failing
+// rank does, so a rank killed before it arrived does not hold the parent.
+bool WaitWithRanks(ckpt::bench::ProcessBarrier& barrier, const std::vector<pid_t>& pids) {
+  const uint64_t round = barrier.Arrive();
+  while (true) {
+    switch (barrier.Await(round, kWatchIntervalMs)) {
+      case ckpt::bench::ProcessBarrier::Outcome::kPassed: return true;
+      case ckpt::bench::ProcessBarrier::Outcome::kAborted: return false;
+      case ckpt::bench::ProcessBarrier::Outcome::kTimedOut: break;
+    }
+    if (AnyRankEnded(pids)) {
+      AbortBarriers();
+      return false;
+    }
+  }
+}
+
+std::string DescribeEnd(int wstatus) {
+  if (WIFSIGNALED(wstatus)) {
+    return absl::StrCat("killed by signal ", WTERMSIG(wstatus), " (",
+                        strsignal(WTERMSIG(wstatus)), ")");
+  }
+  if (WIFEXITED(wstatus)) return absl::StrCat("exited with status ", WEXITSTATUS(wstatus));
+  return absl::StrCat("ended with wait status ", wstatus);
+}
+
 // Forks `count` rank processes running `run`, and collects their results.
-// `before_join` runs in the parent once all are forked (wave 1 uses it to
-// read the daemons' counters and then release the ranks).
+// `before_join` runs in the parent once all are forked, given their pids
+// (wave 1 uses it to read the daemons' counters and then release the
+// ranks). Results are collected as the ranks end, in any order: the first
+// rank that fails (reports an error, exits nonzero, or is killed: a rank
+// killed between two saves reports nothing itself, and the others would
+// wait for it at the step barrier for ever) aborts the barriers for the
+// others, and those still running kAbortGraceMs later are killed.
 template <typename Run, typename BeforeJoin>
 bool RunWave(uint32_t count, Run run, BeforeJoin before_join,
              std::vector<RankResult>* results) {
@@ -433,13 +495,15 @@ bool RunWave(uint32_t count, Run run, BeforeJoin before_join,
   std::vector<int> pipes;
   for (uint32_t rank = 0; rank < count; ++rank) {
     int fds[2];
-    if (pipe(fds) != 0) {
-      std::perror("pipe");
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("pipe2");
+      AbortBarriers();
       return false;
     }
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("fork");
+      AbortBarriers();
       return false;
     }
     if (pid == 0) {
@@ -451,8 +515,7 @@ bool RunWave(uint32_t count, Run run, BeforeJoin before_join,
       if (!status.ok()) {
         std::fprintf(stderr, "rank %u: %s\n", rank, status.ToString().c_str());
         // Release the others from the barriers they may be waiting at.
-        g_barriers->start.Abort();
-        g_barriers->step.Abort();
+        AbortBarriers();
         _exit(3);
       }
       const std::string line = Encode(r);
@@ -462,19 +525,81 @@ bool RunWave(uint32_t count, Run run, BeforeJoin before_join,
     pids.push_back(pid);
     pipes.push_back(fds[0]);
   }
-  before_join();
+  before_join(pids);
   results->assign(count, {});
+  std::vector<std::string> lines(count);
+  std::vector<bool> running(count, true);
+  uint32_t left = count;
   bool all_ok = true;
-  for (uint32_t rank = 0; rank < count; ++rank) {
-    std::string line;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(pipes[rank], buf, sizeof(buf))) > 0) line.append(buf, n);
-    close(pipes[rank]);
-    int wstatus = 0;
-    waitpid(pids[rank], &wstatus, 0);
-    if (!Decode(line, &(*results)[rank]) || !(*results)[rank].ok) all_ok = false;
-    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) all_ok = false;
+  bool aborted = false, killed = false;
+  std::chrono::steady_clock::time_point kill_at;
+  auto fail = [&] {
+    all_ok = false;
+    if (!aborted) {
+      aborted = true;
+      AbortBarriers();
+      kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAbortGraceMs);
+    }
+  };
+  while (left > 0) {
+    std::vector<pollfd> fds;
+    std::vector<uint32_t> ranks;
+    for (uint32_t rank = 0; rank < count; ++rank) {
+      if (!running[rank]) continue;
+      fds.push_back({pipes[rank], POLLIN, 0});
+      ranks.push_back(rank);
+    }
+    const int ready = poll(fds.data(), fds.size(), static_cast<int>(kWatchIntervalMs));
+    if (ready < 0 && errno != EINTR) {
+      std::perror("poll");
+      fail();
+    }
+    for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const uint32_t rank = ranks[i];
+      char buf[4096];
+      const ssize_t n = read(pipes[rank], buf, sizeof(buf));
+      if (n > 0) {
+        lines[rank].append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        std::fprintf(stderr, "rank %u: read its result: %s\n", rank, std::strerror(errno));
+      }
+      // End of its result: the rank has ended or is ending.
+      close(pipes[rank]);
+      running[rank] = false;
+      --left;
+      int wstatus = 0;
+      pid_t waited;
+      do {
+        waited = waitpid(pids[rank], &wstatus, 0);
+      } while (waited < 0 && errno == EINTR);
+      if (waited != pids[rank]) {
+        std::fprintf(stderr, "rank %u: waitpid: %s\n", rank, std::strerror(errno));
+        fail();
+        continue;
+      }
+      const bool exited_ok = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+      if (!exited_ok) {
+        std::fprintf(stderr, "rank %u (pid %d): %s\n", rank, static_cast<int>(pids[rank]),
+                     DescribeEnd(wstatus).c_str());
+      }
+      if (!exited_ok || !Decode(lines[rank], &(*results)[rank]) || !(*results)[rank].ok) {
+        fail();
+      }
+    }
+    if (aborted && !killed && std::chrono::steady_clock::now() >= kill_at) {
+      killed = true;
+      for (uint32_t rank = 0; rank < count; ++rank) {
+        if (!running[rank]) continue;
+        std::fprintf(stderr, "rank %u (pid %d): still running %lld ms after another rank "
+                     "failed: killed\n", rank, static_cast<int>(pids[rank]),
+                     static_cast<long long>(kAbortGraceMs));
+        if (kill(pids[rank], SIGKILL) != 0) std::perror("kill");
+      }
+    }
   }
   return all_ok;
 }
@@ -513,9 +638,9 @@ int main(int argc, char** argv) {
   if (args.saves > 0) {
     all_ok = RunWave(
         world, [&](uint32_t rank, RankResult* r) { return SaveRank(args, rank, r); },
-        [&] {
+        [&](const std::vector<pid_t>& pids) {
           before = QueryDaemons(args);
-          g_barriers->start.Wait();  // false only if a rank failed: reported below
+          WaitWithRanks(g_barriers->start, pids);  // false only if a rank failed: reported below
         },
         &results);
   }
@@ -530,7 +655,7 @@ int main(int argc, char** argv) {
     }
     all_ok = RunWave(
         load.world, [&](uint32_t rank, RankResult* r) { return LoadRank(args, rank, r); },
-        [] {}, &loads);
+        [](const std::vector<pid_t>&) {}, &loads);
   }
 
   // A checkpoint is staged/durable/committed when its last rank is; report

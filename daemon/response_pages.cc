@@ -192,11 +192,12 @@ absl::Status FillByteItemsPage(
         "the names of ", fqns.size(), " byte items alone pass the ", max_bytes,
         "-byte message limit (--max_request_bytes): ask for fewer at a time"));
   }
+  // One pass over the record's byte items for all the names at once.
+  const ByteItemFinder finder(index, rank, fqns);
   int i = 0;
   for (; i < fqns.size(); ++i) {
     const std::string& fqn = fqns.Get(i);
-    ASSIGN_OR_RETURN(const v1::StoredBytes* stored,
-                     FindByteItem(index, fqn, rank));
+    ASSIGN_OR_RETURN(const v1::StoredBytes* stored, finder.Find(fqn));
     const uint64_t bytes =
         EntryBytes(EntryBytes(fqn.size()) + EntryBytes(stored->data().size()));
     if (used + bytes > max_bytes) {

@@ -8,9 +8,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ckpt {
-namespace {
-constexpr size_t kFrameHeaderBytes = 8 + 8 + 8;
-}  // namespace
 
 std::string FrameMessage(absl::string_view magic,
                          const google::protobuf::MessageLite& message) {

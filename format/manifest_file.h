@@ -6,6 +6,7 @@
 // torn or damaged COMMIT from a valid one.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -16,6 +17,8 @@ namespace ckpt {
 
 inline constexpr absl::string_view kNodeManifestMagic = "CKPTMAN1";
 inline constexpr absl::string_view kCommitMagic = "CKPTCMT1";
+// What the frame adds to the payload: magic, length, checksum.
+inline constexpr size_t kFrameHeaderBytes = 8 + 8 + 8;
 
 std::string FrameMessage(absl::string_view magic,
                          const google::protobuf::MessageLite& message);

@@ -130,10 +130,10 @@ absl::Status PlanLoadRequest(Session& session, const v1::LoadRequest& request,
     accepted.push_back({&item, &chunks->second, *remote, element_bytes, item_runs});
   }
   response->set_checkpoint(index.checkpoint());
+  // Which copy, checked (restore/byte_items.h), all names in one pass.
+  const ByteItemFinder byte_items(index, session.rank(), request.byte_items());
   for (const std::string& fqn : request.byte_items()) {
-    // Which copy, checked (restore/byte_items.h).
-    absl::StatusOr<const v1::StoredBytes*> found =
-        FindByteItem(index, fqn, session.rank());
+    absl::StatusOr<const v1::StoredBytes*> found = byte_items.Find(fqn);
     if (absl::IsNotFound(found.status()) && request.allow_missing()) {
       response->add_missing(fqn);
       continue;

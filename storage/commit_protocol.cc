@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "format/chunk_digest.h"
 #include "format/manifest_check.h"
+#include "format/manifest_file.h"
 
 namespace ckpt {
 namespace {
@@ -45,7 +46,8 @@ ReplicaSetKey KeyOf(const v1::ReplicaSet& set) {
 }  // namespace
 
 absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
-    std::vector<v1::Manifest> manifests) {
+    std::vector<v1::Manifest> manifests, uint64_t max_record_bytes,
+    int64_t latest_creation_micros) {
   if (manifests.empty()) return absl::InvalidArgumentError("no node manifests");
   std::sort(manifests.begin(), manifests.end(),
             [](const v1::Manifest& a, const v1::Manifest& b) {
@@ -75,6 +77,15 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
           "node manifest ", m.node_id(), " of ", m.job(), "/", m.checkpoint(),
           " does not match node ", first.node_id(),
           " (job, checkpoint, world size, node count or block size)"));
+    }
+    if (m.created_unix_micros() > latest_creation_micros) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node manifest ", m.node_id(), " of ", m.job(), "/", m.checkpoint(),
+          " was created at ", absl::FormatTime(absl::FromUnixMicros(m.created_unix_micros())),
+          ", after ", absl::FormatTime(absl::FromUnixMicros(latest_creation_micros)),
+          " (this node's clock plus the ", absl::FormatDuration(kMaxNodeClockSkew),
+          " the nodes' clocks may differ): its commit time would order the "
+          "checkpoint after every later one"));
     }
     record.add_node_manifests(CheckpointStore::NodeManifestName(m.node_id()));
     newest = std::max(newest, m.created_unix_micros());
@@ -150,6 +161,15 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
   // would be written, count as committed and move LATEST, while every
   // reader refuses it.
   RETURN_IF_ERROR(ValidateCommitRecord(record, "the merged index"));
+  // The frame adds its magic, length and checksum (format/manifest_file.h).
+  const uint64_t framed = record.ByteSizeLong() + kFrameHeaderBytes;
+  if (framed > max_record_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the merged index of ", manifests.size(), " node manifests of ",
+        first.job(), "/", first.checkpoint(), " would make a COMMIT of ", framed,
+        " bytes, more than the ", max_record_bytes,
+        " a reader takes: it could never be loaded"));
+  }
   return record;
 }
 
@@ -186,7 +206,8 @@ absl::StatusOr<bool> CommitProtocol::TryCommit(const std::string& job,
     ASSIGN_OR_RETURN(v1::Manifest m, store_->ReadNodeManifest(job, checkpoint, n));
     manifests.push_back(std::move(m));
   }
-  ASSIGN_OR_RETURN(v1::CommitRecord record, MergeNodeManifests(std::move(manifests)));
+  ASSIGN_OR_RETURN(v1::CommitRecord record, MergeNodeManifests(std::move(manifests), max_record_bytes_,
+                                      absl::ToUnixMicros(absl::Now() + kMaxNodeClockSkew)));
   RETURN_IF_ERROR(store_->WriteCommit(record, ops_));
   // COMMIT is durable: the checkpoint is committed even if LATEST cannot
   // move; loading it by name works, so only log that.

@@ -16,11 +16,15 @@
 // (both thread-safe); safe from any thread.
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "ckpt/v1/manifest.pb.h"
+#include "format/manifest_check.h"
 #include "storage/checkpoint_store.h"
 #include "storage/durable_file.h"
 
@@ -31,17 +35,39 @@ namespace ckpt {
 // node count, if a chunk or data file is stored twice, or if replicas
 // disagree: two nodes report different chunks for one replica set, or the
 // chunks stored for a set are not the ones its members hold (one was never
-// stored, or stored with another dtype or shape).
+// stored, or stored with another dtype or shape). Fails too
+// (FailedPrecondition, naming both sizes) if the framed record would be
+// larger than `max_record_bytes`, the most a reader of COMMIT takes
+// (format/manifest_check.h): every node manifest may be within that bound
+// while their union is not, and such a COMMIT would count as committed and
+// move LATEST while no reader could open it. And fails (FailedPrecondition)
+// if a manifest was created after `latest_creation_micros`: the commit time
+// is the newest manifest's, and LATEST, retention, startup recovery and the
+// remote tier all order checkpoints by it, so one crafted manifest dated
+// in the year 3000 would keep its checkpoint "newest" for ever (LATEST
+// would never move again). TryCommit passes its own clock plus
+// kMaxNodeClockSkew; other callers (fuzzers, tools) may leave it open.
 absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
-    std::vector<v1::Manifest> manifests);
+    std::vector<v1::Manifest> manifests,
+    uint64_t max_record_bytes = kMaxFramedFileBytes,
+    int64_t latest_creation_micros = std::numeric_limits<int64_t>::max());
+
+// How far ahead of the committing node's clock another node's may be: a
+// node manifest dated later fails the commit (clocks of one cluster are
+// synchronized to within milliseconds; an hour leaves room for a node whose
+// synchronization broke without failing its saves, and bounds how long a
+// crafted date can pin LATEST).
+inline constexpr absl::Duration kMaxNodeClockSkew = absl::Hours(1);
 
 class CommitProtocol {
  public:
   // COMMIT and LATEST are written through `ops` (the save's FileOps: the
   // test seam that fails each step of the write, a full disk included).
+  // `max_record_bytes`: MergeNodeManifests's bound (a test lowers it).
   explicit CommitProtocol(const CheckpointStore* store,
-                          FileOps& ops = DefaultFileOps())
-      : store_(store), ops_(ops) {}
+                          FileOps& ops = DefaultFileOps(),
+                          uint64_t max_record_bytes = kMaxFramedFileBytes)
+      : store_(store), ops_(ops), max_record_bytes_(max_record_bytes) {}
 
   // True once the checkpoint is committed (by this call or by another
   // node); false while node manifests are missing.
@@ -52,6 +78,7 @@ class CommitProtocol {
  private:
   const CheckpointStore* const store_;
   FileOps& ops_;
+  const uint64_t max_record_bytes_;
 };
 
 }  // namespace ckpt

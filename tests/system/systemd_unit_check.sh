@@ -99,6 +99,20 @@ expect User "$(prop User)" ckptd
 main_pid=$(prop MainPID)
 [ "$main_pid" -gt 0 ] || fail "MainPID is $main_pid"
 expect "daemon's uid" "$(awk '/^Uid:/ {print $2}' "/proc/$main_pid/status")" "$(id -u ckptd)"
+# CAP_DAC_OVERRIDE passes any file's mode, so the unit hides the secrets
+# (InaccessiblePaths=): in the daemon's mount namespace (/proc/PID/root),
+# read here as root, who passes every mode too, /etc/shadow is empty, while
+# the system's holds every user's entry. The
+# daemon's own /proc shows only what it may ptrace (ProtectProc=ptraceable),
+# which is every process: alice's save below reads her trainer's memory.
+[ -s /etc/shadow ] || fail "/etc/shadow of the system is empty: nothing to hide"
+expect "/etc/shadow's size as the daemon sees it" \
+  "$(stat -c %s "/proc/$main_pid/root/etc/shadow")" 0
+expect "/etc/shadow's contents as the daemon sees them" \
+  "$(head -c 64 "/proc/$main_pid/root/etc/shadow" | wc -c)" 0
+expect "the daemon's /proc mount" \
+  "$(awk '$2 == "/proc" {print ($4 ~ /hidepid=(ptraceable|4)/) ? "ptraceable" : $4}' \
+    "/proc/$main_pid/mounts" | tail -n 1)" ptraceable
 # For the record, not checked: systemd cannot raise LimitMEMLOCK= and
 # LimitNOFILE= past the hard limits the container inherits from the host
 # (the daemon then logs an unpinned pool and works, slower).
