@@ -136,6 +136,13 @@ struct DaemonOptions {
   // upload and remote commit may take before they fail, naming why.
   uint64_t remote_max_bytes_per_second = 0;
   uint64_t remote_upload_timeout_ms = 1'800'000;
+  // Remote retention (storage/remote_retention.h): after a remote commit,
+  // the node that moved the job's remote LATEST keeps the newest
+  // `remote_keep_last` checkpoints committed there and deletes the older
+  // ones (and uncommitted remnants older than LATEST's). 0: keep all, as
+  // keep_last: a delete from the cluster tier cannot be undone, and a
+  // bucket may have its own lifecycle rules.
+  uint32_t remote_keep_last = 0;
 };
 
 }  // namespace ckpt

@@ -113,6 +113,9 @@ ABSL_FLAG(uint64_t, remote_max_bytes_per_second, kDefaults.remote_max_bytes_per_
           "upload rate cap of the remote tier in bytes/s; 0: none");
 ABSL_FLAG(uint64_t, remote_upload_timeout_ms, kDefaults.remote_upload_timeout_ms,
           "how long one checkpoint's upload and remote commit may take");
+ABSL_FLAG(uint32_t, remote_keep_last, kDefaults.remote_keep_last,
+          "remote retention: keep the newest N checkpoints committed in the remote "
+          "tier per job, delete the older ones; 0: keep all");
 ABSL_FLAG(bool, verbose, false, "log debug messages (--log_level debug)");
 ABSL_FLAG(std::string, config, "",
           "config file (protobuf text format, see deploy/ckptd.conf); flags "
@@ -198,6 +201,7 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(remote) CKPT_FROM_FLAG(remote_endpoint) CKPT_FROM_FLAG(remote_region)
   CKPT_FROM_FLAG(remote_addressing) CKPT_FROM_FLAG(remote_credentials_file)
   CKPT_FROM_FLAG(remote_max_bytes_per_second) CKPT_FROM_FLAG(remote_upload_timeout_ms)
+  CKPT_FROM_FLAG(remote_keep_last)
 #undef CKPT_FROM_FLAG
   // --verbose is --log_level debug, unless --log_level is given too.
   if (absl::GetFlag(FLAGS_verbose) && !GivenOnCommandLine("log_level")) {

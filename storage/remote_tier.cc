@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -134,6 +135,7 @@ absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string
   upload->progress.job = job;
   upload->progress.checkpoint = checkpoint;
   upload->progress.queued_at = absl::Now();
+  upload->progress.started_at = absl::InfinitePast();
   upload->progress.ended_at = absl::InfinitePast();
   queue_.push_back(std::move(upload));
   return absl::OkStatus();
@@ -159,6 +161,8 @@ void RemoteTier::FindUnfinished() {
     return a.committed_unix_micros() > b.committed_unix_micros();
   });
   int resumed = 0;
+  // Remote LATEST's commit time per job, read once (0: none).
+  std::map<std::string, int64_t> latest_of;
   for (const v1::CheckpointInfo& c : committed) {
     if (stopping_.load()) return;
     // Only checkpoints this node has a part of (its manifest is there).
@@ -172,6 +176,9 @@ void RemoteTier::FindUnfinished() {
                  "remote tier: cannot tell whether it is committed there: ",
                  remote_commit.status().ToString());
       continue;
+    }
+    if (options_.retention.keep_last > 0 && OlderThanRemoteLatest(c, latest_of)) {
+      continue;  // retention would delete it (it may be one it deleted)
     }
     absl::MutexLock lock(&mu_);
     absl::Status queued = EnqueueLocked(c.job(), c.checkpoint(), /*resumed=*/true);
@@ -187,6 +194,12 @@ void RemoteTier::FindUnfinished() {
     LogInfo("remote tier: resuming ", resumed,
             " upload(s) an earlier daemon left unfinished, newest first");
   }
+  RetainAtStart();
+}
+
+size_t RemoteTier::Backlog() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + (running_ != nullptr ? 1 : 0);
 }
 
 std::vector<RemoteProgress> RemoteTier::Progress() const {
@@ -306,6 +319,7 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     upload.progress.bytes_total = total;
     upload.progress.files_total = static_cast<uint32_t>(manifest.files_size());
     upload.progress.state = RemoteState::kUploading;
+    upload.progress.started_at = start;
   }
   for (const v1::DataFile& file : manifest.files()) {
     RETURN_IF_ERROR(UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload));
@@ -333,6 +347,8 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     if (!latest.ok()) {
       LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
                  "remote tier: committed, but LATEST not moved: ", latest.ToString());
+    } else if (options_.retention.keep_last > 0) {
+      ApplyRetention(job);  // the node that moves LATEST
     }
   }
   if (!node.last_failure().ok() && node.outcome().ok()) {
