@@ -278,7 +278,12 @@ void RemoteTier::Run() {
                   .Checkpoint(p.checkpoint)
                   .Set("node", options_.node_id)
                   .Set("bytes", p.bytes_total)
-                  .Set("seconds", absl::ToDoubleSeconds(absl::Now() - p.queued_at)),
+                  .Set("seconds", absl::ToDoubleSeconds(absl::Now() - p.queued_at))
+                  .Set("bytes_per_second",
+                       static_cast<uint64_t>(
+                           p.bytes_total /
+                           std::max(absl::ToDoubleSeconds(absl::Now() - p.started_at), 1e-3)))
+                  .Set("backlog", Backlog() - 1),  // besides this one, still running
               "checkpoint committed in the remote tier");
     } else {
       LogError(LogFields().Job(p.job).Checkpoint(p.checkpoint).Set("node", options_.node_id),
