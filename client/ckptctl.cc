@@ -121,12 +121,29 @@ std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
     // The remote tier's uploads: what is waiting, what runs, how the recent
     // ones ended (a failure names the node, the object and the server).
     absl::StrAppend(&out, "remote tier ", s.remote(), "\n");
+    const ckpt::v1::RemoteTierCounters& c = s.remote_counters();
+    absl::StrAppendFormat(
+        &out,
+        "  backlog %u, uploaded %s, committed %u, failed %u, retries %u, deleted %u "
+        "(+%u remnants), keep_last %s\n",
+        c.backlog(), Bytes(c.uploaded_bytes()), c.committed(), c.failed(), c.retries(),
+        c.deleted_committed(), c.deleted_remnants(),
+        c.keep_last() == 0 ? std::string("all") : absl::StrCat(c.keep_last()));
     for (const ckpt::v1::RemoteUpload& u : s.remote_uploads()) {
-      absl::StrAppendFormat(&out, "  %s/%s  %-10s %s %s of %s, %u of %u files%s%s\n", u.job(),
-                            u.checkpoint(), u.state(), Bar(u.bytes_uploaded(), u.bytes_total(), 20),
+      // The upload's rate, from its start to its end (or now).
+      std::string rate = "-";
+      if (u.started_unix_micros() > 0) {
+        const int64_t until =
+            u.ended_unix_micros() > 0 ? u.ended_unix_micros() : s.now_unix_micros();
+        const double seconds = std::max<int64_t>(1, until - u.started_unix_micros()) / 1e6;
+        rate = absl::StrCat(Bytes(static_cast<uint64_t>(u.bytes_uploaded() / seconds)), "/s");
+      }
+      absl::StrAppendFormat(&out, "  %s/%s  %-10s %s %s of %s, %u of %u files, %s%s%s\n",
+                            u.job(), u.checkpoint(), u.state(),
+                            Bar(u.bytes_uploaded(), u.bytes_total(), 20),
                             Bytes(u.bytes_uploaded()), Bytes(u.bytes_total()),
-                            u.files_uploaded(), u.files_total(), u.error().empty() ? "" : ": ",
-                            u.error());
+                            u.files_uploaded(), u.files_total(), rate,
+                            u.error().empty() ? "" : ": ", u.error());
     }
   }
   if (s.saves().empty()) return out + "no saves in flight\n";
@@ -234,6 +251,25 @@ std::string Age(absl::Duration age) {
   return absl::StrCat(absl::ToInt64Hours(age) / 24, "d");
 }
 
+// "memory,local,remote": the tiers that hold the checkpoint; "-" if none.
+std::string Where(const ckpt::v1::CheckpointInfo& c) {
+  return c.tiers().empty() ? "-" : absl::StrJoin(c.tiers(), ",");
+}
+
+// This node's upload of the checkpoint to the remote tier: "queued",
+// "45%" while it runs, "committing", "failed"; "-" if none is known (or it
+// ended committed: WHERE says "remote").
+std::string UploadState(const ckpt::v1::CheckpointInfo& c) {
+  if (!c.has_upload()) return "-";
+  const ckpt::v1::RemoteUpload& u = c.upload();
+  if (u.state() == "uploading") {
+    const uint64_t total = std::max<uint64_t>(u.bytes_total(), 1);
+    return absl::StrCat(std::min<uint64_t>(100, u.bytes_uploaded() * 100 / total), "%");
+  }
+  if (u.state() == "committed") return "-";
+  return u.state();
+}
+
 absl::StatusOr<int> List(Daemon& daemon, const std::string& job, bool json) {
   ckpt::v1::ListCheckpointsRequest request;
   request.set_job(job);
@@ -246,18 +282,23 @@ absl::StatusOr<int> List(Daemon& daemon, const std::string& job, bool json) {
     return kExitOk;
   }
   const absl::Time now = absl::Now();
-  std::printf("%-24s %-24s %-12s %6s %12s %6s  %s\n", "JOB", "CHECKPOINT", "STATE",
-              "RANKS", "SIZE", "AGE", "COMMITTED (UTC)");
+  std::printf("%-24s %-24s %-12s %-20s %-11s %6s %12s %6s  %s\n", "JOB", "CHECKPOINT",
+              "STATE", "WHERE", "UPLOAD", "RANKS", "SIZE", "AGE", "COMMITTED (UTC)");
   for (const auto& c : response.checkpoints()) {
     const absl::Time committed = absl::FromUnixMicros(c.committed_unix_micros());
     const std::string when =
         c.committed() ? absl::FormatTime("%Y-%m-%d %H:%M:%S", committed, absl::UTCTimeZone())
                       : "-";
     const std::string age = c.committed() ? Age(now - committed) : "-";
-    std::printf("%-24s %-24s %-12s %6u %12s %6s  %s%s\n", c.job().c_str(),
+    std::printf("%-24s %-24s %-12s %-20s %-11s %6u %12s %6s  %s%s\n", c.job().c_str(),
                 c.checkpoint().c_str(), c.committed() ? "committed" : "uncommitted",
-                c.world_size(), Bytes(c.total_bytes()).c_str(), age.c_str(), when.c_str(),
+                Where(c).c_str(), UploadState(c).c_str(), c.world_size(),
+                Bytes(c.total_bytes()).c_str(), age.c_str(), when.c_str(),
                 c.latest() ? "  (latest)" : "");
+  }
+  if (!response.remote_error().empty()) {
+    std::fprintf(stderr, "ckptctl: the remote tier did not answer (its checkpoints may be "
+                         "missing above): %s\n", response.remote_error().c_str());
   }
   return kExitOk;
 }

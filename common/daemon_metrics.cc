@@ -36,6 +36,11 @@ constexpr char kRemoteUploads[] = "ckptd_remote_uploads_total";
 constexpr char kRemoteUploadsHelp[] =
     "Checkpoints this node's remote tier finished uploading, by outcome "
     "(committed there, or failed naming why in the log).";
+constexpr char kRemoteDeleted[] = "ckptd_remote_deleted_total";
+constexpr char kRemoteDeletedHelp[] =
+    "Checkpoints remote retention deleted from the remote tier: committed "
+    "ones beyond --remote_keep_last, and uncommitted remnants older than "
+    "remote LATEST.";
 constexpr char kErrors[] = "ckptd_errors_total";
 constexpr char kErrorsHelp[] =
     "Errors by status code: calls answered with an error, and saves that an "
@@ -75,6 +80,14 @@ DaemonMetrics::DaemonMetrics()
           "ckptd_remote_uploaded_bytes_total",
           "Data-file bytes this node sent to the remote tier (parts retried by "
           "the S3 client counted once).")),
+      remote_retries(registry_.AddCounter(
+          "ckptd_remote_retries_total",
+          "Requests to the remote tier's S3 server tried again (5xx, SlowDown, "
+          "timeouts, connection errors) by the client's retry policy.")),
+      remote_deleted_committed(
+          registry_.AddCounter(kRemoteDeleted, kRemoteDeletedHelp, "what", "committed")),
+      remote_deleted_remnants(
+          registry_.AddCounter(kRemoteDeleted, kRemoteDeletedHelp, "what", "remnant")),
       remote_backlog(registry_.AddGauge(
           "ckptd_remote_backlog",
           "Checkpoints waiting for or in their upload to the remote tier.")),

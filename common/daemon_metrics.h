@@ -70,6 +70,9 @@ class DaemonMetrics {
   Counter& remote_uploads_committed;
   Counter& remote_uploads_failed;
   Counter& remote_uploaded_bytes;
+  Counter& remote_retries;  // S3 requests tried again (storage/s3/retry_policy.h)
+  Counter& remote_deleted_committed;  // remote retention (storage/remote_retention.h)
+  Counter& remote_deleted_remnants;
   Gauge& remote_backlog;  // uploads queued or running
   // Latencies, in seconds.
   Histogram& save_call_seconds;       // the Save RPC's handling

@@ -28,7 +28,8 @@ namespace {
   X(metrics_interval_ms) X(remote) X(remote_endpoint) X(remote_region)          \
   X(remote_addressing) X(remote_credentials_file) X(remote_max_bytes_per_second) \
   X(remote_upload_timeout_ms) X(remote_fetch_bytes) X(remote_part_bytes) \
-  X(remote_requests_in_flight)
+  X(remote_requests_in_flight) \
+  X(remote_keep_last)
 
 // Collects the parser's complaints with their place: the tokenizer counts
 // lines and columns from 0, editors from 1.

@@ -145,6 +145,13 @@ struct DaemonOptions {
   // disk holds that many part buffers.
   uint64_t remote_part_bytes = 16ull << 20;
   uint32_t remote_requests_in_flight = 8;
+  // Remote retention (storage/remote_retention.h): after a remote commit,
+  // the node that moved the job's remote LATEST keeps the newest
+  // `remote_keep_last` checkpoints committed there and deletes the older
+  // ones (and uncommitted remnants older than LATEST's). 0: keep all, as
+  // keep_last: a delete from the cluster tier cannot be undone, and a
+  // bucket may have its own lifecycle rules.
+  uint32_t remote_keep_last = 0;
 };
 
 }  // namespace ckpt

@@ -119,6 +119,9 @@ ABSL_FLAG(uint64_t, remote_part_bytes, kDefaults.remote_part_bytes,
           "size of an upload part or ranged GET of the remote tier (S3: 5 MiB to 5 GiB)");
 ABSL_FLAG(uint32_t, remote_requests_in_flight, kDefaults.remote_requests_in_flight,
           "requests one file's upload or fetch runs at once (1 to 64)");
+ABSL_FLAG(uint32_t, remote_keep_last, kDefaults.remote_keep_last,
+          "remote retention: keep the newest N checkpoints committed in the remote "
+          "tier per job, delete the older ones; 0: keep all");
 ABSL_FLAG(bool, verbose, false, "log debug messages (--log_level debug)");
 ABSL_FLAG(std::string, config, "",
           "config file (protobuf text format, see deploy/ckptd.conf); flags "
@@ -206,6 +209,7 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(remote_max_bytes_per_second) CKPT_FROM_FLAG(remote_upload_timeout_ms)
   CKPT_FROM_FLAG(remote_fetch_bytes) CKPT_FROM_FLAG(remote_part_bytes)
   CKPT_FROM_FLAG(remote_requests_in_flight)
+  CKPT_FROM_FLAG(remote_keep_last)
 #undef CKPT_FROM_FLAG
   // --verbose is --log_level debug, unless --log_level is given too.
   if (absl::GetFlag(FLAGS_verbose) && !GivenOnCommandLine("log_level")) {

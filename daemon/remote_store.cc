@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/daemon_metrics.h"
 #include "common/status.h"
 #include "storage/posix_object_store.h"
 #include "storage/s3/s3_client.h"
@@ -73,6 +74,7 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> OpenRemoteStore(const DaemonOptions
   // Over HTTPS TLS protects the bodies, and ckptd checksums every block
   // itself: no SHA-256 pass over every uploaded byte.
   client.sign_payloads = !client.endpoint.https;
+  client.retry.on_retry = [] { DaemonMetrics::Get().remote_retries.Add(); };
   ASSIGN_OR_RETURN(std::unique_ptr<s3::S3Client> created, s3::S3Client::Create(client));
   std::shared_ptr<s3::S3Client> shared(std::move(created));
   s3::S3ObjectStoreOptions store_options;
@@ -95,6 +97,7 @@ RemoteTierOptions RemoteTierOptionsOf(const DaemonOptions& options) {
   remote.fetch_bytes = options.remote_fetch_bytes;
   remote.part_size = options.remote_part_bytes;
   remote.fetch_requests_in_flight = options.remote_requests_in_flight;
+  remote.retention.keep_last = options.remote_keep_last;
   return remote;
 }
 

@@ -18,6 +18,7 @@
 #include "common/names.h"
 #include "common/save_phase.h"
 #include "common/status.h"
+#include "daemon/checkpoint_locations.h"
 #include "daemon/response_pages.h"
 #include "restore/verifier.h"
 #include "save/save_plan.h"
@@ -518,9 +519,16 @@ grpc::ServerUnaryReactor* CkptdService::ListCheckpoints(
         ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> list,
                          c_.store->List(request->job()));
         VisibleJobs visible(*c_.store, *c_.policy, caller);
+        std::vector<v1::CheckpointInfo> shown;
         for (auto& info : list) {
-          if (visible.Shows(info.job())) *response->add_checkpoints() = std::move(info);
+          if (visible.Shows(info.job())) shown.push_back(std::move(info));
         }
+        // Where each is; an unreachable remote tier leaves the rest whole.
+        absl::Status remote = AddCheckpointLocations(
+            c_.tier, c_.remote, request->job(),
+            [&visible](const std::string& job) { return visible.Shows(job); }, &shown);
+        if (!remote.ok()) response->set_remote_error(remote.ToString());
+        for (auto& info : shown) *response->add_checkpoints() = std::move(info);
         return absl::OkStatus();
       });
 }
@@ -569,6 +577,16 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   }
   if (c_.remote != nullptr) {
     response->set_remote(c_.remote->remote().Describe(""));
+    DaemonMetrics& m = DaemonMetrics::Get();
+    v1::RemoteTierCounters* counters = response->mutable_remote_counters();
+    counters->set_uploaded_bytes(m.remote_uploaded_bytes.value());
+    counters->set_committed(m.remote_uploads_committed.value());
+    counters->set_failed(m.remote_uploads_failed.value());
+    counters->set_retries(m.remote_retries.value());
+    counters->set_deleted_committed(m.remote_deleted_committed.value());
+    counters->set_deleted_remnants(m.remote_deleted_remnants.value());
+    counters->set_backlog(static_cast<uint32_t>(c_.remote->Backlog()));
+    counters->set_keep_last(c_.remote->keep_last());
     for (const RemoteProgress& p : c_.remote->Progress()) {
       if (!visible.Shows(p.job)) continue;
       v1::RemoteUpload* upload = response->add_remote_uploads();
@@ -581,6 +599,9 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
       upload->set_files_uploaded(p.files_uploaded);
       upload->set_error(p.error);
       upload->set_queued_unix_micros(absl::ToUnixMicros(p.queued_at));
+      if (p.started_at != absl::InfinitePast()) {
+        upload->set_started_unix_micros(absl::ToUnixMicros(p.started_at));
+      }
       if (p.ended_at != absl::InfinitePast()) {
         upload->set_ended_unix_micros(absl::ToUnixMicros(p.ended_at));
       }

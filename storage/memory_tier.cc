@@ -161,6 +161,12 @@ void MemoryTier::Drop(const std::string& job, const std::string& checkpoint) {
   checkpoints_.erase(it);
 }
 
+bool MemoryTier::HoldsComplete(const std::string& job, const std::string& checkpoint) const {
+  absl::MutexLock lock(&mu_);
+  auto it = checkpoints_.find(Key(job, checkpoint));
+  return it != checkpoints_.end() && it->second.complete;
+}
+
 std::shared_ptr<const FileImage> MemoryTier::Find(const std::string& job,
                                                   const std::string& checkpoint,
                                                   const std::string& file,

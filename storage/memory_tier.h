@@ -103,6 +103,10 @@ class MemoryTier {
   std::shared_ptr<const FileImage> Find(const std::string& job, const std::string& checkpoint,
                                         const std::string& file, uint64_t size) const;
 
+  // Whether the tier holds the complete images of this node's files of
+  // the checkpoint (`ckptctl list`'s "memory").
+  bool HoldsComplete(const std::string& job, const std::string& checkpoint) const;
+
   uint64_t used_bytes() const;
 
   // The budget from now on (SIGHUP). Shrinking evicts the oldest

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -139,6 +140,7 @@ absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string
   upload->progress.job = job;
   upload->progress.checkpoint = checkpoint;
   upload->progress.queued_at = absl::Now();
+  upload->progress.started_at = absl::InfinitePast();
   upload->progress.ended_at = absl::InfinitePast();
   queue_.push_back(std::move(upload));
   return absl::OkStatus();
@@ -165,6 +167,8 @@ void RemoteTier::FindUnfinished() {
   });
   int resumed = 0;
   std::set<std::string> latest_checked;  // jobs
+  // Remote LATEST's commit time per job, read once (0: none).
+  std::map<std::string, int64_t> latest_of;
   for (const v1::CheckpointInfo& c : committed) {
     if (stopping_.load()) return;
     // Only checkpoints this node has a part of (its manifest is there).
@@ -196,6 +200,9 @@ void RemoteTier::FindUnfinished() {
                  remote_commit.status().ToString());
       continue;
     }
+    if (options_.retention.keep_last > 0 && OlderThanRemoteLatest(c, latest_of)) {
+      continue;  // retention would delete it (it may be one it deleted)
+    }
     absl::MutexLock lock(&mu_);
     absl::Status queued = EnqueueLocked(c.job(), c.checkpoint(), /*resumed=*/true);
     if (absl::IsResourceExhausted(queued)) break;
@@ -210,6 +217,12 @@ void RemoteTier::FindUnfinished() {
     LogInfo("remote tier: resuming ", resumed,
             " upload(s) an earlier daemon left unfinished, newest first");
   }
+  RetainAtStart();
+}
+
+size_t RemoteTier::Backlog() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + (running_ != nullptr ? 1 : 0);
 }
 
 std::vector<RemoteProgress> RemoteTier::Progress() const {
@@ -288,7 +301,12 @@ void RemoteTier::Run() {
                   .Checkpoint(p.checkpoint)
                   .Set("node", options_.node_id)
                   .Set("bytes", p.bytes_total)
-                  .Set("seconds", absl::ToDoubleSeconds(absl::Now() - p.queued_at)),
+                  .Set("seconds", absl::ToDoubleSeconds(absl::Now() - p.queued_at))
+                  .Set("bytes_per_second",
+                       static_cast<uint64_t>(
+                           p.bytes_total /
+                           std::max(absl::ToDoubleSeconds(absl::Now() - p.started_at), 1e-3)))
+                  .Set("backlog", Backlog() - 1),  // besides this one, still running
               "checkpoint committed in the remote tier");
     } else {
       LogError(LogFields().Job(p.job).Checkpoint(p.checkpoint).Set("node", options_.node_id),
@@ -329,6 +347,7 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     upload.progress.bytes_total = total;
     upload.progress.files_total = static_cast<uint32_t>(manifest.files_size());
     upload.progress.state = RemoteState::kUploading;
+    upload.progress.started_at = start;
   }
   for (const v1::DataFile& file : manifest.files()) {
     RETURN_IF_ERROR(UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload));
@@ -366,6 +385,8 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     if (!latest.ok()) {
       LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
                  "remote tier: committed, but LATEST not moved: ", latest.ToString());
+    } else if (options_.retention.keep_last > 0) {
+      ApplyRetention(job);  // the node that moves LATEST
     }
     CrashPoint("REMOTE", "latest_moved");
   }

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,7 @@
 #include "storage/checkpoint_store.h"
 #include "storage/memory_tier.h"
 #include "storage/object_store.h"
+#include "storage/remote_retention.h"
 #include "storage/tree_commit.h"
 
 namespace ckpt {
@@ -72,6 +74,11 @@ struct RemoteTierOptions {
   absl::Duration fetch_timeout = absl::Minutes(10);
   // Ranged GETs of part_size one window's fetch runs at once.
   size_t fetch_requests_in_flight = 8;
+  // Remote retention (storage/remote_retention.h): run by the node that
+  // moves a job's remote LATEST after each remote commit, and by node 0 at
+  // start (ResumeUnfinished) over every job in the remote tier. keep_last
+  // 0: keep all.
+  RemoteRetentionOptions retention;
 };
 
 // The remote tier's LATEST: the newest checkpoint committed there, as the
@@ -94,6 +101,7 @@ struct RemoteProgress {
   uint32_t files_uploaded = 0;
   std::string error;  // for kFailed: node, object, server's answer
   absl::Time queued_at;
+  absl::Time started_at;  // InfinitePast while queued
   absl::Time ended_at;  // InfinitePast until it ends
 };
 
@@ -116,7 +124,9 @@ class RemoteTier {
   // For a daemon that starts: queues, newest first, the locally committed
   // checkpoints that have a part of this node and no COMMIT in the remote
   // tier (a crashed or stopped daemon's unfinished uploads), up to
-  // max_queued; their files' multipart uploads left on the server by the
+  // max_queued (with remote retention on, none committed before the one
+  // remote LATEST names); then node 0 runs remote retention over every
+  // job in the remote tier (finishing a delete a crash cut short); their files' multipart uploads left on the server by the
   // earlier daemon are aborted before they are uploaded again. Runs on the
   // tier's thread, before any upload; returns at once.
   void ResumeUnfinished();
@@ -134,6 +144,9 @@ class RemoteTier {
   void Stop();
 
   ObjectStore& remote() const { return *remote_; }
+  // Uploads queued or running (ckptd_remote_backlog).
+  size_t Backlog() const;
+  uint32_t keep_last() const { return options_.retention.keep_last; }
 
   // Restores (restore/loader.h), from any thread:
   // The COMMIT of a checkpoint committed in the remote tier (parsed and
@@ -180,6 +193,18 @@ class RemoteTier {
   // Moves the remote LATEST of `job` to `checkpoint` unless it names one
   // committed later (the node that wrote COMMIT, after writing it).
   absl::Status UpdateLatest(const std::string& job, const std::string& checkpoint);
+  // One remote retention pass over `job` against its remote LATEST (on
+  // the tier's thread); logs and counts what it did. These three live in
+  // storage/remote_tier_retention.cc.
+  void ApplyRetention(const std::string& job);
+  // At start, after the resumed uploads are queued: node 0's pass over
+  // every job in the remote tier (with retention on).
+  void RetainAtStart();
+  // With remote retention on, whether a local checkpoint committed before
+  // the one remote LATEST names (not resumed at start: retention would
+  // delete it). `latest_of` caches LATEST's commit time per job.
+  bool OlderThanRemoteLatest(const v1::CheckpointInfo& c,
+                             std::map<std::string, int64_t>& latest_of) const;
   // Records progress under the lock.
   void Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files);
 
@@ -202,6 +227,8 @@ class RemoteTier {
   bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;
   // Uploads that began before this are an earlier daemon's.
   const absl::Time started_ = absl::Now();
+  // COMMIT times remote retention has read (the tier's thread only).
+  RemoteCommitCache retention_cache_;
 
   // Bytes of fetched files held now (fetch_bytes at most).
   mutable absl::Mutex fetch_mu_;
@@ -211,10 +238,8 @@ class RemoteTier {
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
 
   // Read at each metrics render; last, so unbound before what it reads goes.
-  GaugeBinding backlog_gauge_ = DaemonMetrics::Get().remote_backlog.Bind([this] {
-    absl::MutexLock lock(&mu_);
-    return static_cast<double>(queue_.size() + (running_ != nullptr ? 1 : 0));
-  });
+  GaugeBinding backlog_gauge_ =
+      DaemonMetrics::Get().remote_backlog.Bind([this] { return static_cast<double>(Backlog()); });
 };
 
 }  // namespace ckpt

@@ -83,6 +83,7 @@ absl::Status RetryPolicy::Run(
                                  absl::FormatDuration(options_.overall_deadline),
                                  " reached after "));
     }
+    if (options_.on_retry) options_.on_retry();
     clock_.sleep(wait);
   }
 }

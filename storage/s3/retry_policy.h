@@ -40,6 +40,10 @@ struct RetryOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // From the first attempt's start to the last attempt's end.
   absl::Duration overall_deadline = absl::Minutes(2);
+  // Called once per attempt tried again, before its backoff (the daemon
+  // counts them: ckptd_remote_retries_total); may be empty. Must be
+  // thread-safe when the policy is run from several threads.
+  std::function<void()> on_retry = nullptr;
 };
 
 // Whether an HTTP answer is worth another attempt (`s3_code` is the error

@@ -58,6 +58,8 @@ EXPECTED = {
     "ckptd_build_info": "gauge",
     "ckptd_remote_uploads": "counter",
     "ckptd_remote_uploaded_bytes": "counter",
+    "ckptd_remote_retries": "counter",
+    "ckptd_remote_deleted": "counter",
     "ckptd_remote_backlog": "gauge",
 }
 

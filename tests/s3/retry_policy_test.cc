@@ -85,6 +85,44 @@ TEST_CASE("retry: retryable failures are tried until max_attempts, then named", 
   CHECK(time.sleeps[2] == absl::Milliseconds(40));
 }
 
+TEST_CASE("retry: on_retry is called once per attempt tried again, never for a permanent "
+          "failure or the last attempt",
+          "[retry]") {
+  FakeTime time;
+  int retries = 0;
+  RetryOptions options{.max_attempts = 3,
+                       .initial_backoff = absl::Milliseconds(10),
+                       .max_backoff = absl::Seconds(1),
+                       .overall_deadline = absl::Minutes(1)};
+  options.on_retry = [&retries] { ++retries; };
+  RetryPolicy policy(options, time.Clock());
+  // Two 503s, then success: two retries.
+  int calls = 0;
+  CHECK(policy
+            .Run([&](int, absl::Duration) {
+              return ++calls < 3 ? AttemptResult{absl::UnavailableError("HTTP 503"), true}
+                                 : AttemptResult{absl::OkStatus(), false};
+            })
+            .ok());
+  CHECK(retries == 2);
+  // Retryable to the end: the last attempt is not retried.
+  retries = 0;
+  CHECK_FALSE(policy
+                  .Run([](int, absl::Duration) {
+                    return AttemptResult{absl::UnavailableError("HTTP 503"), true};
+                  })
+                  .ok());
+  CHECK(retries == 2);
+  // A 403 is not retried at all.
+  retries = 0;
+  CHECK_FALSE(policy
+                  .Run([](int, absl::Duration) {
+                    return AttemptResult{absl::PermissionDeniedError("HTTP 403"), false};
+                  })
+                  .ok());
+  CHECK(retries == 0);
+}
+
 TEST_CASE("retry: a permanent failure is not retried, and a success ends the loop", "[retry]") {
   FakeTime time;
   RetryPolicy policy(RetryOptions{}, time.Clock());
