@@ -74,7 +74,7 @@ fi
 # -j2: the tests that would contend (the systemd boot, the two that compile a
 # package) take both slots (PROCESSORS 2, tests/CMakeLists.txt); the rest
 # also run 2 at a time under the sanitizers.
-stage "ctest" 450 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
+stage "ctest" 540 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
 if [ "${CKPT_SANITIZERS:-1}" != 0 ]; then
   stage "sanitizers (asan)" 820 scripts/check-sanitizers.sh
   stage "thread-safety (rest)" 40 env \
