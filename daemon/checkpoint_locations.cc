@@ -20,24 +20,6 @@ std::string Key(const std::string& job, const std::string& checkpoint) {
   return absl::StrCat(job, "/", checkpoint);
 }
 
-void FillUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {
-  upload->set_job(p.job);
-  upload->set_checkpoint(p.checkpoint);
-  upload->set_state(std::string(RemoteStateName(p.state)));
-  upload->set_bytes_total(p.bytes_total);
-  upload->set_bytes_uploaded(p.bytes_uploaded);
-  upload->set_files_total(p.files_total);
-  upload->set_files_uploaded(p.files_uploaded);
-  upload->set_error(p.error);
-  upload->set_queued_unix_micros(absl::ToUnixMicros(p.queued_at));
-  if (p.started_at != absl::InfinitePast()) {
-    upload->set_started_unix_micros(absl::ToUnixMicros(p.started_at));
-  }
-  if (p.ended_at != absl::InfinitePast()) {
-    upload->set_ended_unix_micros(absl::ToUnixMicros(p.ended_at));
-  }
-}
-
 // The checkpoints of `job` committed in the remote tier, by name.
 absl::StatusOr<std::set<std::string>> RemoteCommitted(const RemoteTier& remote,
                                                       const std::string& job) {
@@ -130,7 +112,7 @@ absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* 
   }
   for (v1::CheckpointInfo& info : *list) {
     auto it = uploads.find(Key(info.job(), info.checkpoint()));
-    if (it != uploads.end()) FillUpload(it->second, info.mutable_upload());
+    if (it != uploads.end()) FillRemoteUpload(it->second, info.mutable_upload());
   }
   // Remote-only ones before the job's local ones, oldest first (the
   // local list is sorted by job and name; std::stable_sort keeps that).
@@ -153,6 +135,24 @@ absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* 
   for (size_t i : order) sorted.push_back(std::move((*list)[i]));
   *list = std::move(sorted);
   return failed;
+}
+
+void FillRemoteUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {
+  upload->set_job(p.job);
+  upload->set_checkpoint(p.checkpoint);
+  upload->set_state(std::string(RemoteStateName(p.state)));
+  upload->set_bytes_total(p.bytes_total);
+  upload->set_bytes_uploaded(p.bytes_uploaded);
+  upload->set_files_total(p.files_total);
+  upload->set_files_uploaded(p.files_uploaded);
+  upload->set_error(p.error);
+  upload->set_queued_unix_micros(absl::ToUnixMicros(p.queued_at));
+  if (p.started_at != absl::InfinitePast()) {
+    upload->set_started_unix_micros(absl::ToUnixMicros(p.started_at));
+  }
+  if (p.ended_at != absl::InfinitePast()) {
+    upload->set_ended_unix_micros(absl::ToUnixMicros(p.ended_at));
+  }
 }
 
 }  // namespace ckpt
