@@ -205,7 +205,7 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
   header.set_nodes(options_.nodes);
   header.set_world_size(cp->world_size);
   header.set_checksum_block_bytes(options_.checksum_block_bytes);
-  header.set_created_unix_micros(absl::ToUnixMicros(absl::Now()));
+  header.set_created_unix_micros(absl::ToUnixMicros(cp->started));
   // Every local part is durable, so no worker touches them any more.
   const std::vector<std::shared_ptr<SavePart>> parts = checkpoints_.Parts(*cp);
   std::vector<WrittenPart> written;

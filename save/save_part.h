@@ -20,6 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "ckpt/v1/control.pb.h"
 #include "plan/tensor_layout.h"
 #include "save/shard_writer.h"
@@ -43,6 +45,13 @@ struct CheckpointAttempt {
   const std::string key;  // "job/name", for maps and messages
   const uint32_t world_size;
   const uint32_t local_ranks;  // parts this node waits for
+  // When the first local rank's save named it: the node manifest's
+  // created_unix_micros, and so the commit time that LATEST and retention
+  // order checkpoints by. A rank calls save N+1 after save N, so a later
+  // save always has a later time here, however the writes of two saves in
+  // flight overlap (the time a node's part became durable would let an
+  // older checkpoint that finishes last take LATEST back).
+  const absl::Time started = absl::Now();
 
   // The checkpoint directory is prepared once per attempt, by the first
   // worker to start a part of it; `prepare_status` is written inside

@@ -68,6 +68,18 @@ void SaveUnderTheCap(TestRank& rank) {
   CHECK(durable >= 3.5);
   // Staging did not wait for the writes' turns.
   CHECK(staged < 1.5);
+  // The checkpoint's commit time, by which LATEST and retention order
+  // checkpoints, is when its save began, not when its writes ended
+  // (seconds later here): two saves in flight keep the order they were
+  // saved in, whichever finishes its writes first.
+  auto listed = rank.client().List("job");
+  INFO(listed.status().ToString());
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 1);
+  const double committed_at = SecondsAfterAccepted(p, (*listed)[0].committed_unix_micros());
+  INFO("commit time " << committed_at << " s after the save was accepted");
+  CHECK(committed_at <= 0.0);
+  CHECK(committed_at > -1.0);
 }
 
 }  // namespace
