@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <optional>
 #include <set>
 
@@ -141,9 +142,12 @@ bool RemoteCopyMayMend(const absl::Status& status) {
 // Reads `request` from the remote tier's copy of its file, window by
 // window: each window's bytes (ShardReader::Extent) are fetched with ranged
 // GETs into memory and verified block by block like a memory-tier image, so
-// a file of any size restores within the tier's fetch_bytes. Windows hold
-// about a quarter of fetch_bytes (cut at checksum blocks), so several
-// workers fetch at once. Returns the bytes fetched.
+// a file of any size restores within the tier's fetch_bytes. A window is
+// one round of the tier's requests in flight (RemoteTier::
+// fetch_window_bytes, cut at checksum blocks), and the next window is
+// fetched while this one is verified and copied, where the fetch memory is
+// free for it: the network is not left idle while the CPU checks a window,
+// nor the CPU while a window arrives. Returns the bytes fetched.
 absl::StatusOr<uint64_t> ReadFromRemote(const RoundRun& run, const RemoteTier& tier,
                                         const ShardReadRequest& request, ShardReader& reader) {
   uint64_t widened = 0;  // a zero block size is refused by Extent below
@@ -152,18 +156,49 @@ absl::StatusOr<uint64_t> ReadFromRemote(const RoundRun& run, const RemoteTier& t
     const FileRange range = WidenedItemRange(item, request.checksum_block_bytes);
     widened += range.end - std::min(range.begin, range.end);
   }
-  const uint64_t window = std::max<uint64_t>(tier.fetch_bytes() / 4, 1);
+  const uint64_t window = tier.fetch_window_bytes();
   const size_t windows = static_cast<size_t>(std::max<uint64_t>((widened + window - 1) / window, 1));
-  uint64_t fetched = 0;
-  for (ShardReadRequest& part : SplitShardRead(request, windows, /*min_part_bytes=*/0)) {
+  std::vector<ShardReadRequest> parts = SplitShardRead(request, windows, /*min_part_bytes=*/0);
+  std::vector<FileRange> extents;
+  extents.reserve(parts.size());
+  for (const ShardReadRequest& part : parts) {
     ASSIGN_OR_RETURN(const FileRange extent, reader.Extent(part));
-    if (extent.end <= extent.begin) continue;
-    ASSIGN_OR_RETURN(std::shared_ptr<const FileImage> image,
-                     tier.FetchRange(run.job, run.checkpoint, part.name, part.file_size,
-                                     extent.begin, extent.end - extent.begin));
+    extents.push_back(extent);
+  }
+  using Fetched = absl::StatusOr<std::shared_ptr<const FileImage>>;
+  auto fetch = [&](size_t i, RemoteTier::FetchMemory memory) -> Fetched {
+    return tier.FetchRange(run.job, run.checkpoint, parts[i].name, parts[i].file_size,
+                           extents[i].begin, extents[i].end - extents[i].begin, memory);
+  };
+  auto next_window = [&](size_t after) {
+    size_t i = after;
+    while (i < parts.size() && extents[i].end <= extents[i].begin) ++i;
+    return i;
+  };
+  uint64_t fetched = 0;
+  // The read-ahead of the next window: its thread ends before this returns
+  // (a std::async future's destructor waits), whatever way it returns.
+  std::future<Fetched> ahead;
+  size_t ahead_index = parts.size();
+  for (size_t i = next_window(0); i < parts.size(); i = next_window(i + 1)) {
+    std::shared_ptr<const FileImage> image;
+    if (ahead.valid() && ahead_index == i) {
+      ASSIGN_OR_RETURN(image, ahead.get());  // null: its memory was not free
+    }
+    // Waits for memory only while this read holds none (no read-ahead
+    // running, no window held), so reads never wait for each other.
+    if (image == nullptr) {
+      ASSIGN_OR_RETURN(image, fetch(i, RemoteTier::FetchMemory::kWait));
+    }
+    ahead_index = next_window(i + 1);
+    if (ahead_index < parts.size()) {
+      ahead = std::async(std::launch::async, fetch, ahead_index,
+                         RemoteTier::FetchMemory::kIfFree);
+    }
+    ShardReadRequest& part = parts[i];
     part.memory_image = image->data();
-    part.memory_image_offset = extent.begin;
-    part.memory_image_end = extent.end;
+    part.memory_image_offset = extents[i].begin;
+    part.memory_image_end = extents[i].end;
     absl::StatusOr<uint64_t> n = reader.Read(part);
     if (!n.ok()) {
       if (HostMemoryInUse(n.status())) KeepImagesForever({image});

@@ -259,11 +259,12 @@ std::optional<RemoteProgress> RemoteTier::WaitFor(const std::string& job,
   return find();
 }
 
-void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files) {
+void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t more_bytes,
+                        uint32_t more_files) {
   absl::MutexLock lock(&mu_);
   upload.progress.state = state;
-  upload.progress.bytes_uploaded = bytes;
-  upload.progress.files_uploaded = files;
+  upload.progress.bytes_uploaded += more_bytes;
+  upload.progress.files_uploaded += more_files;
 }
 
 void RemoteTier::Run() {
@@ -349,9 +350,7 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     upload.progress.state = RemoteState::kUploading;
     upload.progress.started_at = start;
   }
-  for (const v1::DataFile& file : manifest.files()) {
-    RETURN_IF_ERROR(UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload));
-  }
+  RETURN_IF_ERROR(UploadFiles(job, checkpoint, dir, manifest, deadline, upload));
   // The steps of the remote commit are crash points (common/crash_point.h;
   // the others are in tree_commit.cc).
   CrashPoint("REMOTE", "files_uploaded");
@@ -362,8 +361,7 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
         "node ", options_.node_id, ": ", job, "/", checkpoint, ": files uploaded, but not "
         "within ", absl::FormatDuration(options_.upload_timeout), "; not committed remotely"));
   }
-  Update(upload, RemoteState::kCommitting, upload.progress.bytes_uploaded,
-         upload.progress.files_uploaded);
+  Update(upload, RemoteState::kCommitting, 0, 0);
 
   TreeCommitOptions commit = options_.commit;
   commit.timeout = std::min(commit.timeout, deadline - absl::Now());
@@ -398,9 +396,39 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
   return node.outcome();
 }
 
+absl::Status RemoteTier::UploadFiles(const std::string& job, const std::string& checkpoint,
+                                     const StorageDir& dir, const v1::Manifest& manifest,
+                                     absl::Time deadline, Upload& upload) {
+  constexpr int kFilesAtOnce = 2;
+  std::atomic<int> next_file{0};
+  std::atomic<bool> abandoned{false};
+  absl::Mutex failed_mu;
+  absl::Status failed;  // the first failure; `abandoned` is set after it
+  auto upload_files = [&] {
+    for (int i = next_file++; i < manifest.files_size() && !abandoned.load(); i = next_file++) {
+      const v1::DataFile& file = manifest.files(i);
+      absl::Status status =
+          UploadFile(job, checkpoint, dir, file.name(), file.size(), deadline, upload, abandoned);
+      if (!status.ok()) {
+        absl::MutexLock lock(&failed_mu);
+        if (failed.ok()) failed = std::move(status);
+        abandoned = true;
+      }
+    }
+  };
+  std::vector<std::thread> others;
+  for (int t = 1; t < std::min(kFilesAtOnce, manifest.files_size()); ++t) {
+    others.emplace_back(upload_files);
+  }
+  upload_files();
+  for (std::thread& t : others) t.join();
+  return failed;
+}
+
 absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& checkpoint,
                                     const StorageDir& dir, const std::string& file,
-                                    uint64_t size, absl::Time deadline, Upload& upload) {
+                                    uint64_t size, absl::Time deadline, Upload& upload,
+                                    const std::atomic<bool>& abandoned) {
   const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
   const std::string what =
       absl::StrCat("node ", options_.node_id, ": upload of ", remote_->Describe(key));
@@ -428,7 +456,6 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
               " unfinished upload(s) of ", remote_->Describe(key), " an earlier daemon left");
     }
   }
-  const uint64_t uploaded_before = upload.progress.bytes_uploaded;
   ObjectStore::PartSource source =
       [&](uint64_t offset, size_t length,
           absl::Span<char> scratch) -> absl::StatusOr<absl::string_view> {
@@ -440,6 +467,9 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
     if (!pacer_.Acquire(length, &stopping_) || stopping_.load()) {
       return absl::CancelledError("the daemon is stopping");
     }
+    if (abandoned.load()) {
+      return absl::CancelledError("another file of the checkpoint failed to upload");
+    }
     absl::string_view part;
     if (image != nullptr) {
       part = absl::string_view(image->data() + offset, length);
@@ -447,15 +477,19 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
       RETURN_IF_ERROR(ReadPart(fd.get(), offset, length, scratch, path));
       part = absl::string_view(scratch.data(), length);
     }
-    Update(upload, RemoteState::kUploading, uploaded_before + offset + length,
-           upload.progress.files_uploaded);
+    Update(upload, RemoteState::kUploading, length, 0);
     DaemonMetrics::Get().remote_uploaded_bytes.Add(length);
     return part;
   };
   RETURN_IF_ERROR(Annotate(remote_->PutFromSource(key, size, source, options_.part_size), what));
-  Update(upload, RemoteState::kUploading, uploaded_before + size,
-         upload.progress.files_uploaded + 1);
+  Update(upload, RemoteState::kUploading, 0, 1);
   return absl::OkStatus();
+}
+
+uint64_t RemoteTier::fetch_window_bytes() const {
+  const uint64_t round =
+      options_.part_size * std::max<uint64_t>(options_.fetch_requests_in_flight, 1);
+  return std::max<uint64_t>(std::min(round, options_.fetch_bytes / 4), 1);
 }
 
 std::string RemoteTier::DescribeFile(const std::string& job, const std::string& checkpoint,
@@ -518,7 +552,7 @@ absl::Status RemoteTier::UpdateLatest(const std::string& job, const std::string&
 
 absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     const std::string& job, const std::string& checkpoint, const std::string& file,
-    uint64_t file_size, uint64_t offset, uint64_t length) const {
+    uint64_t file_size, uint64_t offset, uint64_t length, FetchMemory memory) const {
   const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
   const std::string what = absl::StrCat("fetch of ", remote_->Describe(key), " bytes [",
                                         offset, ", ", offset + length, ")");
@@ -537,6 +571,7 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_) {
       return fetch_held_ + size <= options_.fetch_bytes;
     };
+    if (memory == FetchMemory::kIfFree && !fits()) return nullptr;
     if (!fetch_mu_.AwaitWithDeadline(absl::Condition(&fits), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           what, ": other fetches held the ", options_.fetch_bytes, " bytes for ",

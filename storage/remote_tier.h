@@ -26,8 +26,10 @@
 // checkpoint stays committed whatever happens here; a later Enqueue (the
 // next save's, or an operator's) retries it.
 //
-// Memory: one part buffer (part_size) and the queue (max_queued entries),
-// plus a bounded history of finished uploads for status.
+// Memory: the part buffers of the requests in flight (the S3 driver's
+// part slots, shared by the two files uploaded at once; a directory
+// store's one buffer per file), the queue (max_queued entries), and a
+// bounded history of finished uploads for status.
 // Thread-safety: all public methods may be called from any thread; the
 // uploads run on the tier's own thread.
 #pragma once
@@ -155,17 +157,29 @@ class RemoteTier {
                                               const std::string& checkpoint) const;
   // The remote tier's LATEST of `job`; NotFound if none.
   absl::StatusOr<RemoteLatest> ReadLatest(const std::string& job) const;
+  // How a fetch waits for its memory: kWait up to fetch_timeout while
+  // other fetches hold it; kIfFree not at all (a read-ahead, which must
+  // not wait while its caller holds a window: with every worker doing so
+  // they would wait for each other until the timeout).
+  enum class FetchMemory { kWait, kIfFree };
   // Bytes [offset, offset + length) of a data file of `file_size` bytes of
   // a checkpoint committed there, fetched into memory with ranged GETs
-  // (part_size each), within fetch_bytes: waits while other fetches hold
-  // the memory, up to fetch_timeout. A file larger than fetch_bytes is
-  // fetched window by window (restore/loader.cc). The bytes are not
-  // verified here: the reader verifies every block, as from storage.
+  // (part_size each, fetch_requests_in_flight at once), within
+  // fetch_bytes. With kIfFree, null (and OK) when the memory is not free
+  // now. A file larger than a window is fetched window by window
+  // (restore/loader.cc). The bytes are not verified here: the reader
+  // verifies every block, as from storage.
   absl::StatusOr<std::shared_ptr<const FileImage>> FetchRange(
       const std::string& job, const std::string& checkpoint, const std::string& file,
-      uint64_t file_size, uint64_t offset, uint64_t length) const;
-  // The most a window of one fetch may hold (fetch_bytes).
+      uint64_t file_size, uint64_t offset, uint64_t length,
+      FetchMemory memory = FetchMemory::kWait) const;
+  // The most one fetch may hold (fetch_bytes).
   uint64_t fetch_bytes() const { return options_.fetch_bytes; }
+  // The window a restore fetches at once: one round of requests in flight
+  // (part_size x fetch_requests_in_flight), so that the next window's
+  // requests run while this one is verified, and at most a quarter of
+  // fetch_bytes, so that several files' reads fetch at once.
+  uint64_t fetch_window_bytes() const;
   // "s3://bucket/prefix/job/checkpoint/file", for messages.
   std::string DescribeFile(const std::string& job, const std::string& checkpoint,
                            const std::string& file) const;
@@ -187,9 +201,17 @@ class RemoteTier {
   // Uploads the files and runs the remote commit of `upload` (on the tier's
   // thread, without the lock).
   absl::Status UploadAndCommit(Upload& upload);
+  // This node's files of `manifest`, two at a time (the next file's parts
+  // start while the last ones of the one before are in flight); the first
+  // failure stops the other file and is returned.
+  absl::Status UploadFiles(const std::string& job, const std::string& checkpoint,
+                           const StorageDir& dir, const v1::Manifest& manifest,
+                           absl::Time deadline, Upload& upload);
+  // One file; gives up, Cancelled, once `abandoned` is true.
   absl::Status UploadFile(const std::string& job, const std::string& checkpoint,
                           const StorageDir& dir, const std::string& file, uint64_t size,
-                          absl::Time deadline, Upload& upload);
+                          absl::Time deadline, Upload& upload,
+                          const std::atomic<bool>& abandoned);
   // Moves the remote LATEST of `job` to `checkpoint` unless it names one
   // committed later (the node that wrote COMMIT, after writing it).
   absl::Status UpdateLatest(const std::string& job, const std::string& checkpoint);
@@ -205,8 +227,9 @@ class RemoteTier {
   // delete it). `latest_of` caches LATEST's commit time per job.
   bool OlderThanRemoteLatest(const v1::CheckpointInfo& c,
                              std::map<std::string, int64_t>& latest_of) const;
-  // Records progress under the lock.
-  void Update(Upload& upload, RemoteState state, uint64_t bytes, uint32_t files);
+  // Records progress under the lock: the state, and bytes and files
+  // uploaded since the last call.
+  void Update(Upload& upload, RemoteState state, uint64_t more_bytes, uint32_t more_files);
 
   const RemoteTierOptions options_;
   const CheckpointStore* const local_;

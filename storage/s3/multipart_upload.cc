@@ -25,6 +25,11 @@ absl::Status CheckOptions(const MultipartOptions& options, size_t data_size, int
     return absl::InvalidArgumentError(
         absl::StrCat("parts_in_flight ", options.parts_in_flight, " is not 1 to 64"));
   }
+  if (options.slots != nullptr && options.slots->part_size() < options.part_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "part slots of ", options.slots->part_size(), " bytes hold no part of ",
+        options.part_size));
+  }
   if (parts > kMaxParts) {
     return absl::InvalidArgumentError(absl::StrCat(
         data_size, " bytes in parts of ", options.part_size, " are more than S3's ",
@@ -42,6 +47,7 @@ class FirstError {
     failed_.store(true, std::memory_order_relaxed);
   }
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  const std::atomic<bool>* failed_flag() const { return &failed_; }
   absl::Status Get() {
     absl::MutexLock lock(&mutex_);
     return status_;
@@ -85,15 +91,30 @@ absl::StatusOr<MultipartResult> UploadMultipartFrom(S3Client& client,
   absl::Mutex provider_mu;
   int next_part = 0;
   FirstError first_error;
+  // A shared slot's wait ends within the parts ahead of it (part_slots.h);
+  // this bounds it as well: a part's read and its request.
+  const absl::Duration slot_wait = 2 * client.options().retry.overall_deadline;
   auto upload_parts = [&] {
-    AlignedBuffer scratch;
-    if (scratch_needed) {
-      if (absl::Status allocated = scratch.Allocate(options.part_size); !allocated.ok()) {
+    AlignedBuffer own_scratch;
+    if (scratch_needed && options.slots == nullptr) {
+      if (absl::Status allocated = own_scratch.Allocate(options.part_size); !allocated.ok()) {
         first_error.Set(allocated);
         return;
       }
     }
     while (!first_error.failed()) {
+      PartSlots::Slot slot;
+      if (options.slots != nullptr) {
+        absl::StatusOr<PartSlots::Slot> taken = options.slots->Acquire(
+            scratch_needed, absl::Now() + slot_wait, first_error.failed_flag());
+        if (!taken.ok()) {
+          first_error.Set(Annotate(taken.status(), absl::StrCat("a part of ", key)));
+          return;
+        }
+        slot = *std::move(taken);
+      }
+      const absl::Span<char> scratch = options.slots != nullptr ? slot.scratch()
+                                                                : own_scratch.span();
       int index = 0;
       absl::StatusOr<absl::string_view> body;
       {
@@ -103,7 +124,7 @@ absl::StatusOr<MultipartResult> UploadMultipartFrom(S3Client& client,
         const uint64_t offset = static_cast<uint64_t>(index) * options.part_size;
         const size_t length =
             static_cast<size_t>(std::min<uint64_t>(options.part_size, size - offset));
-        body = provider(index, offset, length, scratch.span());
+        body = provider(index, offset, length, scratch);
         if (body.ok() && body->size() != length) {
           body = absl::InternalError(absl::StrCat("part ", index + 1, " of ", key, " has ",
                                                   body->size(), " bytes, not ", length));

@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "storage/s3/part_slots.h"
 #include "storage/s3/s3_client.h"
 
 namespace ckpt::s3 {
@@ -42,6 +43,11 @@ inline constexpr int kMaxParts = 10'000;
 struct MultipartOptions {
   size_t part_size = 64ull << 20;
   int parts_in_flight = 4;  // 1..64
+  // Shared by the uploads that run side by side (part_slots.h): each part
+  // holds a slot while it is read and sent, and takes its part buffer from
+  // the slot. Null: the upload's parts_in_flight threads bound it alone,
+  // each with a buffer of its own.
+  PartSlots* slots = nullptr;
 };
 
 struct MultipartResult {

@@ -5,7 +5,9 @@
 //
 // How each operation keeps object_store.h's semantics:
 //  - Put: PutObject for a body below multipart_threshold, else a multipart
-//    upload with parts in flight at once (multipart_upload.h). Both are
+//    upload with parts in flight at once (multipart_upload.h); uploads
+//    that run side by side share the parts_in_flight bound and its part
+//    buffers (part_slots.h). Both are
 //    atomic on S3 (the object appears whole at PutObject's end or at
 //    CompleteMultipartUpload) and durable once acknowledged. A multipart
 //    upload that fails is aborted; a crashed writer's stays on the server
@@ -39,6 +41,7 @@
 
 #include "storage/object_store.h"
 #include "storage/s3/multipart_upload.h"
+#include "storage/s3/part_slots.h"
 #include "storage/s3/s3_client.h"
 
 namespace ckpt::s3 {
@@ -48,7 +51,9 @@ struct S3ObjectStoreOptions {
   // PutObject of a large body is one long request that a failure restarts
   // from the first byte, and it is not sent in parallel.
   size_t multipart_threshold = 64ull << 20;
-  MultipartOptions multipart;  // part size (S3: 5 MiB at least), parts in flight
+  // Part size (S3: 5 MiB at least), parts in flight; `slots` null: the
+  // store's own, shared by all its uploads.
+  MultipartOptions multipart;
 };
 
 class S3ObjectStore : public ObjectStore {
@@ -66,7 +71,8 @@ class S3ObjectStore : public ObjectStore {
   // parts of `part_size`;
   // above it, a multipart upload whose parts (options.multipart.part_size,
   // not `part_size`: S3's limits rule) are asked of `source` as they go,
-  // parts_in_flight at a time, each in a part buffer of its own.
+  // parts_in_flight at a time between all the store's uploads, each in a
+  // part slot's buffer (part_slots.h).
   absl::Status PutFromSource(absl::string_view key, uint64_t size, const PartSource& source,
                              size_t part_size) override;
   absl::StatusOr<size_t> Get(absl::string_view key, absl::Span<char> into,
@@ -88,7 +94,11 @@ class S3ObjectStore : public ObjectStore {
       : client_(std::move(client)),
         bucket_(std::move(bucket)),
         prefix_(std::move(prefix)),
-        options_(options) {}
+        part_slots_(options.multipart.parts_in_flight, options.multipart.part_size),
+        options_([&] {
+          if (options.multipart.slots == nullptr) options.multipart.slots = &part_slots_;
+          return options;
+        }()) {}
 
   // The S3 key of `key`: the store's prefix and `key`, once `key` is
   // checked (every method does this first, so nothing outside the prefix
@@ -99,6 +109,9 @@ class S3ObjectStore : public ObjectStore {
   const std::shared_ptr<S3Client> client_;
   const std::string bucket_;
   const std::string prefix_;
+  // The store's multipart uploads, side by side or not, send at most
+  // parts_in_flight parts at once between them (part_slots.h).
+  PartSlots part_slots_;
   const S3ObjectStoreOptions options_;
 };
 

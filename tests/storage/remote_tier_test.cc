@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -207,6 +208,57 @@ TEST_CASE("a node whose partner never uploads gives up at the timeout, naming wh
   CHECK(absl::StrContains(p->error, "not committed within"));
   CHECK(absl::StrContains(p->error, "group 0's nodes 1"));
   CHECK(!remote->Head(absl::StrCat(kJob, "/", kCheckpoint, "/COMMIT")).ok());
+}
+
+TEST_CASE("a read-ahead fetch does not wait for memory other fetches hold, a fetch that "
+          "waits gets it once they let go, and both give the file's bytes",
+          "[remote_tier]") {
+  LocalCheckpoint local(1);
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  RemoteTierOptions options = NodeOptions(0, 1);
+  options.fetch_bytes = 2 << 20;
+  options.fetch_timeout = absl::Seconds(20);
+  RemoteTier tier(options, &local.store, nullptr, &local.leases, remote);
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());
+  std::optional<RemoteProgress> p = tier.WaitFor(kJob, kCheckpoint, absl::Seconds(30));
+  REQUIRE(p.has_value());
+  REQUIRE(p->state == RemoteState::kCommitted);
+  // One round of requests (1 MiB parts x 8) is more than a quarter of the
+  // fetch memory: a window is the quarter.
+  CHECK(tier.fetch_window_bytes() == (2u << 20) / 4);
+  const std::string& file = local.files[0];
+  const std::string& bytes = local.contents[0];
+  using Memory = RemoteTier::FetchMemory;
+  absl::StatusOr<std::shared_ptr<const FileImage>> held =
+      tier.FetchRange(kJob, kCheckpoint, file, kFileSize, 4096, 3 << 19, Memory::kWait);
+  REQUIRE(held.ok());
+  REQUIRE(*held != nullptr);
+  CHECK(std::string((*held)->data(), 3 << 19) == bytes.substr(4096, 3 << 19));
+  // 1.5 MiB held of 2: a second MiB is not free.
+  absl::StatusOr<std::shared_ptr<const FileImage>> ahead =
+      tier.FetchRange(kJob, kCheckpoint, file, kFileSize, 0, 1 << 20, Memory::kIfFree);
+  REQUIRE(ahead.ok());
+  CHECK(*ahead == nullptr);
+  // Half a MiB is.
+  ahead = tier.FetchRange(kJob, kCheckpoint, file, kFileSize, kFileSize - (1 << 19), 1 << 19,
+                          Memory::kIfFree);
+  REQUIRE(ahead.ok());
+  REQUIRE(*ahead != nullptr);
+  CHECK(std::string((*ahead)->data(), 1 << 19) == bytes.substr(kFileSize - (1 << 19)));
+  ahead->reset();
+  // A fetch that waits gets its memory when the held window goes.
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    held->reset();
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const FileImage>> waited =
+      tier.FetchRange(kJob, kCheckpoint, file, kFileSize, 0, 1 << 20, Memory::kWait);
+  release.join();
+  REQUIRE(waited.ok());
+  REQUIRE(*waited != nullptr);
+  CHECK(absl::Now() - start >= absl::Milliseconds(250));
+  CHECK(std::string((*waited)->data(), 1 << 20) == bytes.substr(0, 1 << 20));
 }
 
 TEST_CASE("stopping the tier ends a running upload and drops the queue", "[remote_tier]") {
