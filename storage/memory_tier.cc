@@ -2,6 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include "common/log.h"
@@ -12,6 +15,19 @@ FileImage::FileImage(uint64_t size) : size_(size) {
   void* p = mmap(nullptr, std::max<uint64_t>(size, 1), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p != MAP_FAILED) data_ = static_cast<char*>(p);
+}
+
+void FileImage::AdviseHugePages() {
+  if (data_ == nullptr || size_ == 0) return;
+  if (::madvise(data_, size_, MADV_HUGEPAGE) == 0) return;
+  // EINVAL: a kernel built without THP. Either way the image works with
+  // small pages; other errors are said once.
+  const int error = errno;
+  static std::atomic<bool> said{false};
+  if (error != EINVAL && !said.exchange(true)) {
+    LogWarning("madvise(MADV_HUGEPAGE) of a ", size_, " byte image failed (",
+               std::strerror(error), "); fetched images use small pages");
+  }
 }
 
 FileImage::~FileImage() {

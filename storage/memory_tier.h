@@ -64,6 +64,11 @@ class FileImage {
   FileImage& operator=(const FileImage&) = delete;
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Asks the kernel for transparent huge pages over the image (advice: a
+  // kernel without them, or with them off, keeps small pages). An image
+  // filled at once by many threads, as a remote fetch fills its window,
+  // otherwise takes a page fault per 4 KiB, all of them on one mm.
+  void AdviseHugePages();
   // Pins the image with `pinner` unless it is already pinned or a pin of
   // it failed (that is logged once; the image is then read unpinned). A
   // second caller waits while the first one pins.

@@ -589,6 +589,7 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     release();
     return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot map ", size, " bytes"));
   }
+  image->AdviseHugePages();
   // Parts of part_size, fetch_requests_in_flight GETs at a time: one
   // request at a time leaves a store's bandwidth unused, as a raw client
   // with one connection would.
