@@ -268,6 +268,13 @@ class User:
         self.work = work
         self.drop = (["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
                       "--clear-groups", "--"] if self.root else [])
+        if self.root:  # root without the right to make namespaces (a container)
+            probe = subprocess.run(["unshare", "--mount", "true"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+            if probe.returncode != 0:
+                raise Skip("run as root, the test runs the trainer as an ordinary user in a "
+                           f"mount namespace of its own, and unshare --mount fails: "
+                           f"{probe.stdout.strip()}")
 
     def owned_dir(self, path):
         """A new directory `path` of the user's, closed to others."""
