@@ -17,17 +17,17 @@ namespace ckpt {
 
 namespace {
 
-constexpr int kIdDigits = 7;  // storage/tree_commit.cc's ids
+constexpr int kTreeIdDigits = 7;  // storage/tree_commit.cc's ids
 // A node manifest is well under this (its checks refuse larger ones).
 constexpr size_t kMaxManifestBytes = kMaxFramedFileBytes;
 
-// Takes exactly kIdDigits decimal digits from the front of `text`.
+// Takes exactly kTreeIdDigits decimal digits from the front of `text`.
 bool ConsumeId(absl::string_view& text) {
-  if (text.size() < kIdDigits) return false;
-  for (int i = 0; i < kIdDigits; ++i) {
+  if (text.size() < kTreeIdDigits) return false;
+  for (int i = 0; i < kTreeIdDigits; ++i) {
     if (!absl::ascii_isdigit(static_cast<unsigned char>(text[i]))) return false;
   }
-  text.remove_prefix(kIdDigits);
+  text.remove_prefix(kTreeIdDigits);
   return true;
 }
 
