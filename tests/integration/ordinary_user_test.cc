@@ -23,6 +23,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -50,6 +51,22 @@ constexpr char kStrace[] = "/usr/bin/strace";
 // The fixture's daemon: --pool_bytes 64 MiB, --io_workers 4.
 constexpr uint64_t kPoolBytes = uint64_t{64} << 20;
 constexpr int kWorkers = 4;
+
+// AddressSanitizer's mlock() does nothing and returns 0 (the shadow memory
+// could not be locked anyway), so in a sanitizer build the daemon's pool is
+// never refused by the limit and reports itself pinned; io_uring's
+// registration, a plain system call, is refused as anywhere.
+#if defined(__SANITIZE_ADDRESS__)
+#define CKPT_TEST_MLOCK_INTERCEPTED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CKPT_TEST_MLOCK_INTERCEPTED 1
+#endif
+#endif
+#ifndef CKPT_TEST_MLOCK_INTERCEPTED
+#define CKPT_TEST_MLOCK_INTERCEPTED 0
+#endif
+constexpr bool kMlockRefusable = !CKPT_TEST_MLOCK_INTERCEPTED;
 
 bool CanRunAsOrdinaryUser() {
   return ::geteuid() == 0 && ::access(kSetpriv, X_OK) == 0 &&
@@ -122,10 +139,15 @@ TEST_CASE("an ordinary user's daemon under a 1 MiB RLIMIT_MEMLOCK saves and rest
 
   // The log says it once, with the limit that refused it.
   const std::string log = ReadFile(daemon.dir() + "/ckptd.log");
-  CHECK(Count(log, "continuing with an unpinned pool") == 1);
-  CHECK(absl::StrContains(log, absl::StrCat("mlock staging pool of ", kPoolBytes, " bytes")));
-  CHECK(absl::StrContains(log, "RLIMIT_MEMLOCK 1048576 bytes"));
-  CHECK(absl::StrContains(log, "pool 67108864 bytes (unpinned), io backend "));
+  if (kMlockRefusable) {
+    CHECK(Count(log, "continuing with an unpinned pool") == 1);
+    CHECK(absl::StrContains(log, absl::StrCat("mlock staging pool of ", kPoolBytes, " bytes")));
+    CHECK(absl::StrContains(log, "RLIMIT_MEMLOCK 1048576 bytes"));
+    CHECK(absl::StrContains(log, "pool 67108864 bytes (unpinned), io backend "));
+  } else {
+    CHECK(Count(log, "unpinned") == 0);
+  }
+  const std::string unpinned = kMlockRefusable ? "true" : "false";
   std::string backend = "pwrite";
   if (!IoUringUnavailable(log)) {
     // No ring could register the 64 MiB pool: one line for all four.
@@ -138,12 +160,13 @@ TEST_CASE("an ordinary user's daemon under a 1 MiB RLIMIT_MEMLOCK saves and rest
   INFO("ckptctl status: " << status.out);
   REQUIRE(status.exit_code == 0);
   CHECK(absl::StrContains(status.out, absl::StrCat("pid ", daemon.pid(), " ")));
-  CHECK(absl::StrContains(status.out, absl::StrCat("io ", backend, "  pool 64.0 MiB unpinned (")));
+  CHECK(absl::StrContains(status.out, absl::StrCat("io ", backend, "  pool 64.0 MiB",
+                                                   kMlockRefusable ? " unpinned" : "", " (")));
   const ProcessResult json =
       user.Run({user.ckptctl(), "--socket", daemon.socket(), "status", "--json"});
   INFO("ckptctl status --json: " << json.out);
   REQUIRE(json.exit_code == 0);
-  CHECK(absl::StrContains(json.out, "\"staging_pool_unpinned\": true"));
+  CHECK(absl::StrContains(json.out, "\"staging_pool_unpinned\": " + unpinned));
   CHECK(absl::StrContains(json.out, absl::StrCat("\"io_backend\": \"", backend, "\"")));
 
   // Two ranks save twice; two fresh ranks restore and check every byte. The
@@ -156,7 +179,16 @@ TEST_CASE("an ordinary user's daemon under a 1 MiB RLIMIT_MEMLOCK saves and rest
   const bool traced = ::access(kStrace, X_OK) == 0;
   std::vector<std::string> trainer;
   if (traced) {
-    trainer = {kStrace, "-ff", "-qq", "-e", "trace=prctl", "-e", "signal=none",
+    // LeakSanitizer stops the world with ptrace, which a process strace
+    // already traces cannot do: in a sanitizer build the traced trainers
+    // run without the leak check (the other tests' ckpt-loadgen runs keep
+    // it). Elsewhere the variable is read by nothing.
+    const char* asan = std::getenv("ASAN_OPTIONS");
+    const std::string before = asan == nullptr ? "" : asan;
+    trainer = {"/usr/bin/env",
+               absl::StrCat("ASAN_OPTIONS=", before, before.empty() ? "" : ":",
+                            "detect_leaks=0"),
+               kStrace, "-ff", "-qq", "-e", "trace=prctl", "-e", "signal=none",
                "-o", trace_dir + "/prctl"};
   }
   const std::vector<std::string> loadgen = {
@@ -168,7 +200,7 @@ TEST_CASE("an ordinary user's daemon under a 1 MiB RLIMIT_MEMLOCK saves and rest
   INFO("ckpt-loadgen: " << run.out);
   REQUIRE(run.exit_code == 0);
   CHECK(JsonField(run.out, "verified") == "true");
-  CHECK(JsonField(run.out, "staging_pool_unpinned") == "true");
+  CHECK(JsonField(run.out, "staging_pool_unpinned") == unpinned);
   CHECK(JsonField(run.out, "io_backend") == backend);
   struct stat job {};
   REQUIRE(::stat((daemon.root() + "/plain").c_str(), &job) == 0);
