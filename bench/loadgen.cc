@@ -379,6 +379,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
 struct DaemonReport {
   std::vector<uint64_t> written;  // tensor bytes written, per node
   uint64_t peak_rss = 0, pool = 0;  // of node 0
+  bool pool_unpinned = false;       // of node 0
   std::string backend;
 };
 
@@ -399,6 +400,7 @@ DaemonReport QueryDaemons(const Args& args) {
       absl::StrAppend(&line, ok ? status.tensor_bytes_written() : 0, " ",
                       ok ? status.peak_rss_bytes() : 0, " ",
                       ok ? status.staging_pool_bytes() : 0, " ",
+                      ok && status.staging_pool_unpinned() ? 1 : 0, " ",
                       ok && !status.io_backend().empty() ? status.io_backend() : "-", "\n");
     }
     _exit(write(fds[1], line.data(), line.size()) == static_cast<ssize_t>(line.size()) ? 0 : 1);
@@ -412,14 +414,15 @@ DaemonReport QueryDaemons(const Args& args) {
   if (pid > 0) waitpid(pid, nullptr, 0);
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     // The backend name (last) may contain spaces.
-    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 3));
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 4));
     uint64_t written = 0;
-    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &written)) continue;
+    if (f.size() != 5 || !absl::SimpleAtoi(f[0], &written)) continue;
     report.written.push_back(written);
     if (report.written.size() == 1) {
       (void)absl::SimpleAtoi(f[1], &report.peak_rss);
       (void)absl::SimpleAtoi(f[2], &report.pool);
-      report.backend = f[3];
+      report.pool_unpinned = f[3] == "1";
+      report.backend = f[4];
     }
   }
   report.written.resize(args.nodes, 0);
@@ -729,7 +732,7 @@ int main(int argc, char** argv) {
       "\"restore_gbps\": %.3f, \"restore_source\": \"%s\", \"bytes_read\": %llu, "
       "\"read_over_unique\": %.4f, \"verified\": %s, "
       "\"daemon_peak_rss_bytes\": %llu, \"staging_pool_bytes\": %llu, "
-      "\"io_backend\": \"%s\"}\n",
+      "\"staging_pool_unpinned\": %s, \"io_backend\": \"%s\"}\n",
       b(all_ok), args.layout.preset.c_str(), args.nodes, args.ranks_per_node,
       args.layout.replicas, args.saves, static_cast<unsigned long long>(rank_bytes),
       static_cast<unsigned long long>(unique),
@@ -742,6 +745,7 @@ int main(int argc, char** argv) {
       source, static_cast<unsigned long long>(bytes_read),
       unique > 0 ? static_cast<double>(bytes_read) / unique : 0.0, b(verified),
       static_cast<unsigned long long>(after.peak_rss),
-      static_cast<unsigned long long>(after.pool), after.backend.c_str());
+      static_cast<unsigned long long>(after.pool), b(after.pool_unpinned),
+      after.backend.c_str());
   return all_ok && (verified || !args.restore) ? 0 : 1;
 }

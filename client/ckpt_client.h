@@ -79,7 +79,9 @@
 namespace ckpt {
 
 struct ConnectOptions {
-  std::string socket = kDefaultSocket;
+  // DefaultClientSocket(): $CKPTD_SOCKET, a Slurm job's or the user's
+  // daemon, else the system daemon's (common/control_socket.h).
+  std::string socket = DefaultClientSocket();
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;

@@ -75,10 +75,11 @@ std::string PhaseName(ckpt::v1::Phase phase) {
 // One line per in-flight save: staged and written bars, rate, ETA.
 std::string RenderStatus(const ckpt::v1::DaemonStatusResponse& s) {
   std::string out = absl::StrFormat(
-      "ckptd %s pid %u  node %u/%u  root %s  io %s  pool %s (%s free)  "
+      "ckptd %s pid %u  node %u/%u  root %s  io %s  pool %s%s (%s free)  "
       "peak rss %s  sessions %u\n",
       s.version(), s.pid(), s.node_id(), s.nodes(), s.root(), s.io_backend(),
-      Bytes(s.staging_pool_bytes()), Bytes(s.staging_pool_free_bytes()),
+      Bytes(s.staging_pool_bytes()), s.staging_pool_unpinned() ? " unpinned" : "",
+      Bytes(s.staging_pool_free_bytes()),
       Bytes(s.peak_rss_bytes()), s.sessions());
   if (s.gpu_saves_held() > 0) {
     absl::StrAppendFormat(&out,
@@ -583,7 +584,7 @@ absl::StatusOr<int> RunCommand(Daemon& daemon, const std::vector<std::string>& a
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket = ckpt::kDefaultSocket;
+  std::string socket = ckpt::DefaultClientSocket();
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -18,7 +18,10 @@ constexpr char kExitStatus[] =
 constexpr char kCommon[] =
     "COMMON OPTIONS\n"
     "    --socket PATH\n"
-    "        The daemon's gRPC socket (default /run/ckptd/ckptd.sock).\n"
+    "        The daemon's gRPC socket. Default: $CKPTD_SOCKET; else, in a Slurm\n"
+    "        job, /tmp/ckptd-slurm-<uid>-<job>/ckptd.sock if it exists; else\n"
+    "        $XDG_RUNTIME_DIR/ckptd/ckptd.sock if it exists; else\n"
+    "        /run/ckptd/ckptd.sock.\n"
     "    -h, --help\n"
     "        This page.\n\n";
 

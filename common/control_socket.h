@@ -13,8 +13,32 @@ namespace ckpt {
 
 // The gRPC socket of a daemon started without --socket (the path
 // deploy/ckptd.service passes, in the directory deploy/ckptd.tmpfiles
-// creates), and where clients look when not told otherwise.
+// creates), and where clients look when nothing else names one (below).
 inline constexpr char kDefaultSocket[] = "/run/ckptd/ckptd.sock";
+
+// Where a daemon of an ordinary user puts its socket when neither --socket
+// nor the config file names one, and where clients look for it:
+// $XDG_RUNTIME_DIR/ckptd/ckptd.sock ("" without an absolute
+// $XDG_RUNTIME_DIR, which a login session's pam_systemd sets).
+std::string UserRuntimeSocket();
+
+// A Slurm job's per-node daemon (deploy/slurm/ckptd-slurm):
+// /tmp/ckptd-slurm-<uid>-<SLURM_JOB_ID>/ckptd.sock ("" outside a job).
+std::string SlurmJobSocket();
+
+// The socket a client (libckpt, ckptctl, the Python package) uses when not
+// told: $CKPTD_SOCKET if set; else SlurmJobSocket() if that socket exists;
+// else UserRuntimeSocket() if that socket exists; else kDefaultSocket.
+// A socket that does not exist is skipped, so a user with a login session
+// or a Slurm job still reaches the node's system daemon when they run none
+// of their own.
+std::string DefaultClientSocket();
+
+// The daemon's socket when neither --socket nor the config file names one:
+// $CKPTD_SOCKET if set; else, not running as root, UserRuntimeSocket() if
+// $XDG_RUNTIME_DIR is set; else kDefaultSocket (whose directory only root
+// or the systemd unit can make).
+std::string DefaultDaemonSocket();
 
 // The handshake socket of the daemon whose gRPC socket is `socket`
 // (common/handshake_frame.h describes what it carries).

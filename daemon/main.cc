@@ -13,6 +13,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "common/control_socket.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "daemon/config_file.h"
@@ -24,7 +25,9 @@ const ckpt::DaemonOptions kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, socket, kDefaults.socket,
-          "gRPC Unix socket; the handshake socket is <socket>.session");
+          "gRPC Unix socket; the handshake socket is <socket>.session. "
+          "Without this flag or the config's socket: $CKPTD_SOCKET, else "
+          "(not root) $XDG_RUNTIME_DIR/ckptd/ckptd.sock, else the default");
 ABSL_FLAG(std::string, root, kDefaults.root, "storage root directory");
 ABSL_FLAG(uint64_t, pool_bytes, kDefaults.pool_bytes,
           "pinned staging pool size in bytes (the daemon's memory bound)");
@@ -221,6 +224,9 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
 // now, validated: at start, and again at each SIGHUP.
 absl::StatusOr<ckpt::DaemonOptions> ReadOptions(const std::string& config) {
   ckpt::DaemonOptions options;
+  // $CKPTD_SOCKET or an ordinary user's runtime directory, unless the
+  // config file or the command line names the socket.
+  options.socket = ckpt::DefaultDaemonSocket();
   ckpt::OptionOrigins origins;
   if (!config.empty()) {
     ASSIGN_OR_RETURN(ckpt::ConfigFile file, ckpt::ReadConfigFile(config));

@@ -279,7 +279,8 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   RETURN_IF_ERROR(connections->Serve(server.get()));
   RETURN_IF_ERROR(sessions->Publish());
   LogInfo("ckptd listening on ", options.socket, " root ", options.root,
-          " pool ", pool->pool_bytes(), " bytes, io backend ",
+          " pool ", pool->pool_bytes(), " bytes", pool->pinned() ? "" : " (unpinned)",
+          ", io backend ",
           workers->backend(), ", gpu ", gpu->name());
 
   ServiceNotifier notifier;

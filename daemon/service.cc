@@ -542,6 +542,7 @@ grpc::ServerUnaryReactor* CkptdService::DaemonStatus(
   response->set_io_backend(c_.io_backend);
   response->set_staging_pool_bytes(c_.pool->pool_bytes());
   response->set_staging_pool_free_bytes(c_.pool->free_bytes());
+  response->set_staging_pool_unpinned(!c_.pool->pinned());
   response->set_peak_rss_bytes(PeakRssBytes());
   response->set_sessions(c_.sessions->size());
   absl::StatusOr<Caller> caller = CallerOf(*context);

@@ -6,15 +6,46 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/log.h"
 
 namespace ckpt {
 namespace {
 constexpr int kWorkerNice = 5;
+
+// IoWorkers::backend(): one name when every queue has it, else each name
+// (in the order the workers have them first) with its count.
+std::string DescribeBackends(const std::vector<std::unique_ptr<IoQueue>>& queues) {
+  if (queues.empty()) return "none";
+  std::vector<std::pair<std::string, size_t>> counts;
+  for (const auto& queue : queues) {
+    const absl::string_view name = queue->name();
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const auto& c) { return c.first == name; });
+    if (it == counts.end()) {
+      counts.emplace_back(std::string(name), 1);
+    } else {
+      ++it->second;
+    }
+  }
+  if (counts.size() == 1) return counts.front().first;
+  std::string out = absl::StrCat(counts.front().first, " on ", counts.front().second,
+                                 " of ", queues.size(), " workers");
+  for (size_t i = 1; i < counts.size(); ++i) {
+    absl::StrAppend(&out, ", ", counts[i].first, " on ", counts[i].second);
+  }
+  return out;
+}
+
 }  // namespace
 
 IoWorkers::IoWorkers(uint32_t workers, uint32_t queue_depth,
@@ -31,7 +62,7 @@ IoWorkers::IoWorkers(uint32_t workers, uint32_t queue_depth,
     }
     queues_.push_back(std::move(queue));
   }
-  backend_ = queues_.empty() ? "none" : std::string(queues_.front()->name());
+  backend_ = DescribeBackends(queues_);
   for (auto& queue : queues_) {
     threads_.emplace_back([this, q = queue.get()] { Run(q); });
   }

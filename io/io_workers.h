@@ -48,7 +48,11 @@ class IoWorkers {
   void Post(Task task);
   // How many tasks can run at once.
   size_t size() const { return threads_.size(); }
-  // "io_uring" or "pwrite" (of the first worker).
+  // The workers' queue: "io_uring", "io_uring (unregistered buffers)" or
+  // "pwrite" when every worker has the same; else each name with how many
+  // workers have it, e.g. "io_uring on 1 of 4 workers, io_uring
+  // (unregistered buffers) on 3" (RLIMIT_MEMLOCK let only the first ring
+  // register the pool: each ring's registration counts against it).
   std::string backend() const { return backend_; }
 
  private:

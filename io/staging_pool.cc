@@ -3,8 +3,10 @@
 #include "io/staging_pool.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <cerrno>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +14,19 @@
 #include "common/status.h"
 
 namespace ckpt {
+namespace {
+
+// "RLIMIT_MEMLOCK 8388608 bytes", for the warning of a pool left unpinned.
+std::string MemlockLimitText() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &limit) != 0) {
+    return ErrnoToStatus(errno, "getrlimit(RLIMIT_MEMLOCK)").ToString();
+  }
+  if (limit.rlim_cur == RLIM_INFINITY) return "RLIMIT_MEMLOCK unlimited";
+  return absl::StrCat("RLIMIT_MEMLOCK ", limit.rlim_cur, " bytes");
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(
     uint64_t pool_bytes, uint32_t buffer_bytes) {
@@ -35,20 +50,26 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(
   // Pinning keeps the pool resident and lets io_uring register it. Without
   // the privilege (RLIMIT_MEMLOCK, CAP_IPC_LOCK) the pool still works and
   // stays bounded, only unpinned: say so rather than refuse to start.
-  if (mlock(base, mapped) != 0) {
-    LogWarning(ErrnoToStatus(errno, absl::StrCat("mlock staging pool of ",
-                                                 mapped, " bytes"))
+  const bool pinned = mlock(base, mapped) == 0;
+  if (!pinned) {
+    const int mlock_errno = errno;
+    LogWarning(ErrnoToStatus(mlock_errno, absl::StrCat("mlock staging pool of ",
+                                                       mapped, " bytes"))
                    .ToString(),
-               "; continuing with an unpinned pool (raise LimitMEMLOCK / "
-               "ulimit -l to pin it)");
+               " (", MemlockLimitText(), "); continuing with an unpinned pool "
+               "(raise LimitMEMLOCK / ulimit -l to pin it; docs/OPERATIONS.md, "
+               "\"Running as an ordinary user\", says what it costs)");
   }
   return std::unique_ptr<StagingPool>(
-      new StagingPool(static_cast<char*>(base), mapped, buffer_bytes));
+      new StagingPool(static_cast<char*>(base), mapped, buffer_bytes, pinned));
 }
 
 StagingPool::StagingPool(char* base, uint64_t mapped_bytes,
-                         uint32_t buffer_bytes)
-    : base_(base), mapped_bytes_(mapped_bytes), buffer_bytes_(buffer_bytes) {
+                         uint32_t buffer_bytes, bool pinned)
+    : base_(base),
+      mapped_bytes_(mapped_bytes),
+      buffer_bytes_(buffer_bytes),
+      pinned_(pinned) {
   const int count = static_cast<int>(mapped_bytes / buffer_bytes);
   iovecs_.reserve(count);
   free_.reserve(count);

@@ -102,6 +102,10 @@ class StagingPool {
   uint64_t free_bytes() const;
   // Buffers kept out of the pool for good (StagingLease::Withhold).
   uint32_t withheld_buffers() const;
+  // Whether mlock() pinned the pool at creation (false: RLIMIT_MEMLOCK or
+  // CAP_IPC_LOCK refused it, and the pool is used unpinned; Create logged
+  // why, once). Reported by DaemonStatus and ckptctl status.
+  bool pinned() const { return pinned_; }
 
   // Test seam: `observer(index)` runs each time a buffer goes back, before
   // anyone can borrow it again, so a test (tests/support/
@@ -112,7 +116,7 @@ class StagingPool {
 
  private:
   friend class StagingLease;
-  StagingPool(char* base, uint64_t mapped_bytes, uint32_t buffer_bytes);
+  StagingPool(char* base, uint64_t mapped_bytes, uint32_t buffer_bytes, bool pinned);
 
   void Return(int index);
   void Withhold(int index);
@@ -125,6 +129,7 @@ class StagingPool {
   char* const base_;
   const uint64_t mapped_bytes_;
   const uint32_t buffer_bytes_;
+  const bool pinned_;
   std::vector<iovec> iovecs_;
 
   mutable absl::Mutex mu_;

@@ -22,6 +22,8 @@ packages=(
   libcurl4-openssl-dev libssl-dev libexpat1-dev
   libsystemd-dev  # sd_notify: Type=notify readiness, STOPPING and STATUS (daemon/service_notifier.h)
   fio python3 python3-venv python3-dev pybind11-dev
+  # A trainer's prctl(PR_SET_PTRACER) watched (tests/integration/ordinary_user_test.cc).
+  strace
   # systemd-analyze and systemd-sysusers check the unit (tests/deploy/check_unit.sh).
   systemd
   # The unit booted under a real systemd in a debootstrapped Debian tree

@@ -50,6 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/ckpt_client.h"
+#include "common/control_socket.h"
 #include "gpu/simulated_runtime.h"
 #include "gpu/simulated_trainer_gpu.h"
 
@@ -565,6 +566,8 @@ class PyClient {
 PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "libckpt, the trainer-side client of ckptd (use the ckptd package)";
   m.attr("DEFAULT_SOCKET") = ckpt::kDefaultSocket;
+  // common/control_socket.h: the rule libckpt and ckptctl use too.
+  m.def("default_client_socket", &ckpt::DefaultClientSocket);
   // Whether this build saves CUDA tensors (libckpt's cuda/ side built in).
 #ifdef CKPT_HAVE_CUDA
   m.attr("HAS_CUDA") = true;

@@ -141,6 +141,13 @@ bool DaemonProcess::Launch() {
         "--clear-groups", absl::StrCat("--inh-caps=", caps),
         absl::StrCat("--ambient-caps=", caps), absl::StrCat("--bounding-set=", caps), "--"};
     args.insert(args.begin(), launcher.begin(), launcher.end());
+    if (run_as_->memlock_bytes.has_value()) {
+      // prlimit and setpriv each exec the next: pid_ is the daemon's.
+      const std::string limit = std::to_string(*run_as_->memlock_bytes);
+      const std::vector<std::string> prlimit = {
+          "/usr/bin/prlimit", absl::StrCat("--memlock=", limit, ":", limit), "--"};
+      args.insert(args.begin(), prlimit.begin(), prlimit.end());
+    }
   }
   const std::string log = dir_ + "/ckptd.log";
   // Built before fork: the child of a threaded process only execs.

@@ -7,6 +7,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,11 +34,15 @@ std::string TempBase();
 // capabilities(7) without "CAP_", lower case, e.g. "sys_ptrace"), through
 // setpriv. Resource limits stay the test's: raising LimitMEMLOCK's takes
 // CAP_SYS_RESOURCE, which a sandbox may not have (a pool it cannot lock
-// the daemon uses unlocked, and says so).
+// the daemon uses unlocked, and says so). With `memlock_bytes`, the
+// daemon's RLIMIT_MEMLOCK (soft and hard) is that, set by prlimit(1)
+// before setpriv: an ordinary user's limit, as a Slurm job or a container
+// gives it.
 struct RunAs {
   uid_t uid = 0;
   gid_t gid = 0;
   std::vector<std::string> capabilities;
+  std::optional<uint64_t> memlock_bytes;
 };
 
 class DaemonProcess {

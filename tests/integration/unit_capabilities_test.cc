@@ -62,7 +62,7 @@ struct Outcome {
 // every byte), her job's directory is hers and closed, and she verifies it.
 Outcome SaveAndRestoreAsAlice(const std::vector<std::string>& capabilities) {
   DaemonProcess daemon({"--socket_group", std::to_string(kSocketGroup)}, "", {},
-                       RunAs{kDaemonUser, kDaemonUser, capabilities});
+                       RunAs{kDaemonUser, kDaemonUser, capabilities, std::nullopt});
   if (!daemon.running()) {
     std::ifstream log(daemon.dir() + "/ckptd.log");
     std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());

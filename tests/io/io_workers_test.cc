@@ -87,6 +87,27 @@ TEST_CASE("IoWorkers by default runs tasks on an io_uring or pwrite queue",
   CHECK((workers.backend().rfind("io_uring", 0) == 0 || workers.backend() == "pwrite"));
 }
 
+TEST_CASE(
+    "IoWorkers' backend names each kind of queue its workers got, with how "
+    "many, when they differ",
+    "[io_workers]") {
+  std::unique_ptr<StagingPool> pool = MustCreatePool();
+  // As when RLIMIT_MEMLOCK lets the first ring register the pool and not
+  // the others: the first worker's queue differs from the rest.
+  int made = 0;
+  auto factory = [&](uint32_t depth, absl::Span<const iovec>) -> std::unique_ptr<IoQueue> {
+    if (made++ == 0) return std::make_unique<FaultInjectingQueue>(depth);
+    return CreatePwriteQueue(depth);
+  };
+  {
+    IoWorkers workers(4, 2, *pool, factory);
+    CHECK(workers.backend() == "fault-injecting on 1 of 4 workers, pwrite on 3");
+  }
+  made = 1;  // every worker gets the pwrite queue
+  IoWorkers same(3, 2, *pool, factory);
+  CHECK(same.backend() == "pwrite");
+}
+
 TEST_CASE("IoWorkers finishes every queued task before its destructor returns",
           "[io_workers]") {
   std::unique_ptr<StagingPool> pool = MustCreatePool();

@@ -340,18 +340,27 @@ class SlurmLauncherTest(unittest.TestCase):
 
 class DefaultSocketTest(unittest.TestCase):
     """ckptd.default_socket(): $CKPTD_SOCKET, then the Slurm job's, then
-    the system daemon's."""
+    the user's own under $XDG_RUNTIME_DIR, then the system daemon's."""
 
     def test_order(self):
         import ckptd
         job = "987654321"
         run_dir = f"/tmp/ckptd-slurm-{os.getuid()}-{job}"
-        saved = {k: os.environ.pop(k, None) for k in ("CKPTD_SOCKET", "SLURM_JOB_ID")}
+        runtime_dir = tempfile.mkdtemp(prefix="ckptd-xdg-")
+        saved = {k: os.environ.pop(k, None)
+                 for k in ("CKPTD_SOCKET", "SLURM_JOB_ID", "XDG_RUNTIME_DIR")}
         try:
             self.assertEqual(ckptd.default_socket(), ckptd.DEFAULT_SOCKET)
-            os.environ["SLURM_JOB_ID"] = job
-            # A job without a per-job daemon keeps the node's system one.
+            # A login session without a daemon of its own keeps the system one.
+            os.environ["XDG_RUNTIME_DIR"] = runtime_dir
             self.assertEqual(ckptd.default_socket(), ckptd.DEFAULT_SOCKET)
+            user_socket = os.path.join(runtime_dir, "ckptd", "ckptd.sock")
+            os.mkdir(os.path.dirname(user_socket), 0o700)
+            open(user_socket, "w").close()
+            self.assertEqual(ckptd.default_socket(), user_socket)
+            os.environ["SLURM_JOB_ID"] = job
+            # A job without a per-job daemon keeps the user's.
+            self.assertEqual(ckptd.default_socket(), user_socket)
             os.mkdir(run_dir, 0o700)
             open(os.path.join(run_dir, "ckptd.sock"), "w").close()
             self.assertEqual(ckptd.default_socket(), os.path.join(run_dir, "ckptd.sock"))
@@ -359,6 +368,7 @@ class DefaultSocketTest(unittest.TestCase):
             self.assertEqual(ckptd.default_socket(), "/elsewhere.sock")
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
             for k, v in saved.items():
                 os.environ.pop(k, None)
                 if v is not None:

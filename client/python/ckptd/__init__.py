@@ -82,8 +82,12 @@ def slurm_socket() -> Optional[str]:
 
 def default_socket() -> str:
     """$CKPTD_SOCKET, else this node's per-job daemon in a Slurm job
-    (slurm_socket()), else the daemon's default socket."""
-    return os.environ.get("CKPTD_SOCKET") or slurm_socket() or DEFAULT_SOCKET
+    (slurm_socket()), else the user's own daemon at
+    $XDG_RUNTIME_DIR/ckptd/ckptd.sock if that socket exists, else the
+    daemon's default socket. The rule is libckpt's and ckptctl's
+    (common/control_socket.h), asked of libckpt so the three cannot
+    differ."""
+    return _ckpt.default_client_socket()
 
 # Element types by their safetensors names; the keys are the str() of torch
 # and numpy dtypes.
