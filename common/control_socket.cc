@@ -20,10 +20,24 @@ std::string Env(const char* name) {
   return value == nullptr ? "" : value;
 }
 
-// A probe: anything stat() cannot see (absent, unreachable) is not there.
-bool Exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+// Whether a socket found by default is there and this user's own: the
+// socket and its directory owned by this uid and not symlinks, and the
+// directory writable by no one else. /tmp is every user's and the Slurm
+// name is predictable: another user could make
+// /tmp/ckptd-slurm-<our uid>-<job>/ first and serve a daemon there that
+// accepts our saves and keeps nothing (deploy/slurm/ckptd-slurm refuses
+// such a directory as well). Anything lstat() cannot see is not there.
+bool OwnSocketThere(const std::string& path) {
+  const uid_t uid = ::getuid();
+  struct stat socket {};
+  if (::lstat(path.c_str(), &socket) != 0 || S_ISLNK(socket.st_mode) ||
+      socket.st_uid != uid) {
+    return false;
+  }
+  const std::string dir = path.substr(0, path.find_last_of('/'));
+  struct stat parent {};
+  return ::lstat(dir.c_str(), &parent) == 0 && S_ISDIR(parent.st_mode) &&
+         parent.st_uid == uid && (parent.st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
 bool AllDigits(const std::string& text) {
@@ -51,7 +65,7 @@ std::string SlurmJobSocket() {
 std::string DefaultClientSocket() {
   if (std::string named = Env("CKPTD_SOCKET"); !named.empty()) return named;
   for (const std::string& candidate : {SlurmJobSocket(), UserRuntimeSocket()}) {
-    if (!candidate.empty() && Exists(candidate)) return candidate;
+    if (!candidate.empty() && OwnSocketThere(candidate)) return candidate;
   }
   return kDefaultSocket;
 }

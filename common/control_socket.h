@@ -31,7 +31,9 @@ std::string SlurmJobSocket();
 // else UserRuntimeSocket() if that socket exists; else kDefaultSocket.
 // A socket that does not exist is skipped, so a user with a login session
 // or a Slurm job still reaches the node's system daemon when they run none
-// of their own.
+// of their own; so is one that is not this user's (it or its directory
+// owned by another uid, a symlink, or a directory others may write), since
+// a daemon there is not theirs.
 std::string DefaultClientSocket();
 
 // The daemon's socket when neither --socket nor the config file names one:

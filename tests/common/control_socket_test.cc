@@ -102,6 +102,29 @@ TEST_CASE("control socket: a client takes CKPTD_SOCKET, then its Slurm job's dae
     CHECK(DefaultClientSocket() == "/elsewhere/ckptd.sock");
   }
   {
+    // A Slurm directory another user made first (the name is predictable
+    // in /tmp), or one others may write, is not this user's daemon.
+    ScopedEnv env(std::nullopt, job, runtime.path());
+    std::filesystem::permissions(slurm_dir, std::filesystem::perms::owner_all);
+    REQUIRE(DefaultClientSocket() == slurm);
+    std::filesystem::permissions(slurm_dir, std::filesystem::perms::others_write,
+                                 std::filesystem::perm_options::add);
+    CHECK(DefaultClientSocket() == user);
+    std::filesystem::permissions(slurm_dir, std::filesystem::perms::owner_all);
+    if (::geteuid() == 0) {
+      REQUIRE(::chown(slurm_dir.c_str(), 61043, 61043) == 0);
+      CHECK(DefaultClientSocket() == user);
+      REQUIRE(::chown(slurm_dir.c_str(), ::getuid(), ::getgid()) == 0);
+      REQUIRE(::chown(slurm.c_str(), 61043, 61043) == 0);
+      CHECK(DefaultClientSocket() == user);
+      REQUIRE(::chown(slurm.c_str(), ::getuid(), ::getgid()) == 0);
+    }
+    // A symlink in the socket's place, to a socket this user owns.
+    std::filesystem::remove(slurm);
+    std::filesystem::create_symlink(user, slurm);
+    CHECK(DefaultClientSocket() == user);
+  }
+  {
     // Not a job id, and a runtime directory that is not absolute: ignored.
     ScopedEnv env("", "12x", "relative/dir");
     CHECK(SlurmJobSocket().empty());
