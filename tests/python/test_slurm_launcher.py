@@ -85,6 +85,12 @@ def prerequisites():
                  os.environ["CKPTCTL_BINARY"], *os.environ["PYTHONPATH"].split(":")):
         if os.path.realpath(path).startswith("/tmp/"):
             return f"{path} is under /tmp, which each node's namespace replaces"
+    # The plain uid runs the checkout's launcher and binaries: a checkout
+    # below a directory others may not enter (a clone in `mktemp -d`) is
+    # out of its reach (only the interpreter's installation is opened).
+    closed = closed_ancestor(LAUNCHER)
+    if closed is not None:
+        return f"the checkout is below {closed}, which a plain uid may not enter"
     return None
 
 
