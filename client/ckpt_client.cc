@@ -444,9 +444,11 @@ absl::Status Client::CancelLoadAndConfirm(uint64_t load_id,
 }
 
 absl::StatusOr<std::vector<v1::CheckpointInfo>> Client::List(const std::string& job,
-                                                              CallCanceller* canceller) {
+                                                              CallCanceller* canceller,
+                                                              const std::string& checkpoint) {
   v1::ListCheckpointsRequest request;
   request.set_job(job);
+  request.set_checkpoint(checkpoint);
   v1::ListCheckpointsResponse response;
   RETURN_IF_ERROR(Unary(stub_.get(), canceller, "ListCheckpoints",
                         &v1::Ckptd::StubInterface::ListCheckpoints,

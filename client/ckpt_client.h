@@ -320,8 +320,11 @@ class Client {
   absl::StatusOr<v1::LoadResponse> Load(v1::LoadRequest request,
                                         CallCanceller* canceller = nullptr);
 
+  // The job's checkpoints in every tier; only `checkpoint` and its
+  // generations (common/names.h) if that is not empty.
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List(
-      const std::string& job, CallCanceller* canceller = nullptr);
+      const std::string& job, CallCanceller* canceller = nullptr,
+      const std::string& checkpoint = "");
 
   // Waits until this job's `checkpoint` is committed in the daemon's remote
   // tier (--remote; storage/remote_tier.h), asking the daemon's status every

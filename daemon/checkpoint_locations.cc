@@ -20,16 +20,19 @@ std::string Key(const std::string& job, const std::string& checkpoint) {
   return absl::StrCat(job, "/", checkpoint);
 }
 
-// The checkpoints of `job` committed in the remote tier, by name.
+// The checkpoints of `job` committed in the remote tier, by name (only
+// `only` and its generations, if it is not empty).
 absl::StatusOr<std::set<std::string>> RemoteCommitted(const RemoteTier& remote,
-                                                      const std::string& job) {
+                                                      const std::string& job,
+                                                      const std::string& only) {
   ObjectStore& store = remote.remote();
-  ASSIGN_OR_RETURN(ObjectListing listing, store.List(absl::StrCat(job, "/"), "/"));
+  ASSIGN_OR_RETURN(ObjectListing listing, store.List(absl::StrCat(job, "/", only), "/"));
   std::set<std::string> committed;
   for (const std::string& prefix : listing.prefixes) {
     absl::string_view name = prefix;
     if (!absl::ConsumePrefix(&name, absl::StrCat(job, "/")) ||
-        !absl::ConsumeSuffix(&name, "/") || !ValidateStorageName(name, "checkpoint").ok()) {
+        !absl::ConsumeSuffix(&name, "/") || !ValidateStorageName(name, "checkpoint").ok() ||
+        (!only.empty() && !IsGenerationOf(name, only))) {
       continue;
     }
     absl::StatusOr<ObjectInfo> commit = store.Head(absl::StrCat(prefix, "COMMIT"));
@@ -45,7 +48,7 @@ absl::StatusOr<std::set<std::string>> RemoteCommitted(const RemoteTier& remote,
 }  // namespace
 
 absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* remote,
-                                    const std::string& job,
+                                    const std::string& job, const std::string& checkpoint,
                                     const std::function<bool(const std::string&)>& shows,
                                     std::vector<v1::CheckpointInfo>* list) {
   for (v1::CheckpointInfo& info : *list) {
@@ -80,7 +83,7 @@ absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* 
   for (v1::CheckpointInfo& info : *list) local[Key(info.job(), info.checkpoint())] = &info;
   for (const std::string& j : jobs) {
     if (!shows(j)) continue;
-    absl::StatusOr<std::set<std::string>> committed = RemoteCommitted(*remote, j);
+    absl::StatusOr<std::set<std::string>> committed = RemoteCommitted(*remote, j, checkpoint);
     if (!committed.ok()) {
       failed.Update(Annotate(committed.status(), absl::StrCat("job ", j)));
       continue;

@@ -26,10 +26,12 @@ namespace ckpt {
 
 // Annotates `list` (see above). `memory` and `remote` may be null (off);
 // `job` is the list's filter ("" for every job); `shows` says which jobs
-// the caller may see. Returns the remote tier's error, if asking it failed:
-// the list is still whole for the other tiers then.
+// the caller may see; `checkpoint`, if not empty (`job` is not then), asks
+// the remote tier for that name and its generations alone. Returns the
+// remote tier's error, if asking it failed: the list is still whole for the
+// other tiers then.
 absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* remote,
-                                    const std::string& job,
+                                    const std::string& job, const std::string& checkpoint,
                                     const std::function<bool(const std::string&)>& shows,
                                     std::vector<v1::CheckpointInfo>* list);
 

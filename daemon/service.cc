@@ -516,16 +516,25 @@ grpc::ServerUnaryReactor* CkptdService::ListCheckpoints(
         if (!request->job().empty()) {
           RETURN_IF_ERROR(MayOperate(caller, "list", request->job()));
         }
+        const std::string& only = request->checkpoint();
+        if (!only.empty()) {
+          if (request->job().empty()) {
+            return absl::InvalidArgumentError("listing one checkpoint name needs its job");
+          }
+          RETURN_IF_ERROR(ValidateStorageName(only, "checkpoint"));
+        }
         ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> list,
                          c_.store->List(request->job()));
         VisibleJobs visible(*c_.store, *c_.policy, caller);
         std::vector<v1::CheckpointInfo> shown;
         for (auto& info : list) {
-          if (visible.Shows(info.job())) shown.push_back(std::move(info));
+          if (!visible.Shows(info.job())) continue;
+          if (!only.empty() && !IsGenerationOf(info.checkpoint(), only)) continue;
+          shown.push_back(std::move(info));
         }
         // Where each is; an unreachable remote tier leaves the rest whole.
         absl::Status remote = AddCheckpointLocations(
-            c_.tier, c_.remote, request->job(),
+            c_.tier, c_.remote, request->job(), only,
             [&visible](const std::string& job) { return visible.Shows(job); }, &shown);
         if (!remote.ok()) response->set_remote_error(remote.ToString());
         for (auto& info : shown) *response->add_checkpoints() = std::move(info);

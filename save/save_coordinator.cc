@@ -416,9 +416,9 @@ absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
                                           return checkpoints_.Contains(j, name);
                                         }));
   // Retention now, as after a commit: for an operator who lowered
-  // keep_last (SIGHUP) or whose commits were too few to trigger it.
+  // keep_last (SIGHUP) or whose commits were too few to trigger it; with
+  // keep_last 0 too, for the generations a newer one replaced.
   const uint32_t keep_last = keep_last_.load();
-  if (keep_last == 0) return gc;
   ASSIGN_OR_RETURN(const std::vector<v1::CheckpointInfo> all, store_->List(job));
   std::set<std::string> jobs;
   for (const v1::CheckpointInfo& c : all) jobs.insert(c.job());
@@ -427,7 +427,8 @@ absl::StatusOr<GarbageCollection> SaveCoordinator::CollectGarbage(
                      ApplyRetention(*store_, *leases_, j, keep_last));
     for (const std::string& name : deleted) {
       tier_->Drop(j, name);
-      gc.removed.push_back(absl::StrCat(j, "/", name, " (retention: keep_last ", keep_last, ")"));
+      gc.removed.push_back(absl::StrCat(j, "/", name, " (retention: keep_last ", keep_last,
+                                        ", or a newer generation of its name committed)"));
     }
   }
   return gc;

@@ -1,6 +1,8 @@
 #include "storage/remote_retention.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -204,7 +206,7 @@ absl::Status Pass::Delete(const RemoteCheckpoint& checkpoint) {
 }
 
 absl::StatusOr<RemoteRetentionResult> Pass::Run(const std::string& latest) {
-  if (options_.keep_last == 0 || latest.empty()) return result_;
+  if (latest.empty()) return result_;
   ASSIGN_OR_RETURN(ObjectListing top, store_.List(absl::StrCat(job_, "/"), "/"));
   for (const ObjectInfo& object : top.objects) {
     if (object.key != absl::StrCat(job_, "/LATEST")) {
@@ -256,8 +258,26 @@ absl::StatusOr<RemoteRetentionResult> Pass::Run(const std::string& latest) {
     }
     return a->name > b->name;
   });
-  std::set<std::string> beyond;
-  for (size_t i = options_.keep_last; i < committed.size(); ++i) beyond.insert(committed[i]->name);
+  // What goes: every committed generation of a name that a newer
+  // committed generation replaced (common/names.h), and beyond keep_last
+  // of the others (0: none of them).
+  std::map<std::string, uint64_t> newest;
+  for (const RemoteCheckpoint* c : committed) {
+    const NameGeneration g = SplitGeneration(c->name);
+    uint64_t& n = newest[std::string(g.base)];
+    n = std::max(n, g.generation);
+  }
+  std::set<std::string> beyond, replaced;
+  size_t kept = 0;
+  for (const RemoteCheckpoint* c : committed) {
+    const NameGeneration g = SplitGeneration(c->name);
+    if (g.generation < newest[std::string(g.base)]) {
+      beyond.insert(c->name);
+      replaced.insert(c->name);
+    } else if (options_.keep_last > 0 && kept++ >= options_.keep_last) {
+      beyond.insert(c->name);
+    }
+  }
 
   // Oldest first, so that a pass cut short has removed the oldest.
   std::vector<const RemoteCheckpoint*> order;
@@ -283,12 +303,16 @@ absl::StatusOr<RemoteRetentionResult> Pass::Run(const std::string& latest) {
       // what is beyond keep_last goes, marked or not.
       if (beyond.count(c->name) == 0) continue;
       RETURN_IF_ERROR(Delete(*c));
-      LogInfo(LogFields().Job(job_).Checkpoint(c->name),
-              "remote retention: deleted (beyond remote_keep_last ", options_.keep_last, ")");
+      LogInfo(LogFields().Job(job_).Checkpoint(c->name), "remote retention: deleted (",
+              replaced.count(c->name) > 0 ? "a newer generation of its name committed"
+                  : absl::StrCat("beyond remote_keep_last ", options_.keep_last),
+              ")");
       result_.deleted.push_back(c->name);
       continue;
     }
-    // Uncommitted. A marked one is a delete a crash cut short (rule 5).
+    // Uncommitted: remnants go only under a keep_last (0 keeps all). A
+    // marked one is a delete a crash cut short (rule 5).
+    if (options_.keep_last == 0 && !c->marked) continue;
     if (!c->marked) {
       // Rule 6: only when older than LATEST's checkpoint.
       ASSIGN_OR_RETURN(std::optional<int64_t> created, CreatedOf(c->name));

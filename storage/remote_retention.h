@@ -24,14 +24,18 @@
 //     else is left where it is and logged (and returned in `foreign`).
 //  5. An uncommitted checkpoint with the DELETING marker (a delete that a
 //     crash cut short) is finished by the next pass, subject to rules 1
-//     and 2. A committed one goes only if beyond keep_last, marked or not.
+//     and 2. A committed one goes only if beyond keep_last or replaced,
+//     marked or not.
 //  6. An uncommitted checkpoint is a remnant only once it is older than
 //     LATEST's: created (a node manifest's created_unix_micros, else
 //     `created_locally`) more than `clock_skew` before LATEST's
 //     checkpoint was. Another node may still be uploading a newer one; one
 //     whose age cannot be told is left (and returned in `kept`).
 //
-// `keep_last` 0 keeps everything and deletes nothing (no pass runs).
+// Whatever keep_last, a committed generation of a name that a newer
+// committed generation replaced (common/names.h) is deleted (rules 1 and 2
+// still hold), and does not count towards keep_last. `keep_last` 0 keeps
+// every other checkpoint and every remnant.
 //
 // Cost per pass: one listing of `<job>/` by checkpoint, two HEADs per
 // checkpoint, a GET of each COMMIT the cache has not seen (COMMIT never

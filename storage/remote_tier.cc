@@ -383,8 +383,8 @@ absl::Status RemoteTier::UploadAndCommit(Upload& upload) {
     if (!latest.ok()) {
       LogWarning(LogFields().Job(job).Checkpoint(checkpoint),
                  "remote tier: committed, but LATEST not moved: ", latest.ToString());
-    } else if (options_.retention.keep_last > 0) {
-      ApplyRetention(job);  // the node that moves LATEST
+    } else if (options_.retention.keep_last > 0 || SplitGeneration(checkpoint).generation > 0) {
+      ApplyRetention(job);  // the node that moves LATEST; a generation replaces older ones
     }
     CrashPoint("REMOTE", "latest_moved");
   }

@@ -1,5 +1,9 @@
 // ApplyRetention: keep the newest `keep_last` committed checkpoints of a job
-// and delete the older ones (DaemonOptions::keep_last).
+// and delete the older ones (DaemonOptions::keep_last), and delete every
+// committed generation of a name once a newer generation of that name has
+// committed (a save again to a name, DCP's overwrite: common/names.h), with
+// any keep_last, 0 included. Replaced generations do not count towards
+// keep_last.
 //
 // Only committed checkpoints count and only older ones are deleted, so a
 // checkpoint goes only after `keep_last` newer ones have committed, and

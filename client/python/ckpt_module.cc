@@ -539,9 +539,12 @@ class PyClient {
     return out;
   }
 
-  py::list List() {
-    absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list = Interruptibly(
-        [&](ckpt::CallCanceller* c) { return client_->List(client_->options().job, c); });
+  // `checkpoint`: only that name and its generations ("" for all).
+  py::list List(const std::string& checkpoint) {
+    absl::StatusOr<std::vector<ckpt::v1::CheckpointInfo>> list =
+        Interruptibly([&](ckpt::CallCanceller* c) {
+          return client_->List(client_->options().job, c, checkpoint);
+        });
     py::list out;
     for (const auto& c : Value(std::move(list))) {
       py::dict d;
@@ -625,7 +628,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("save", &PyClient::Save, py::arg("checkpoint"), py::arg("layout_id"),
            py::arg("byte_items"), py::arg("stream") = 0, py::arg("ready_recorded") = false)
       .def("load", &PyClient::Load)
-      .def("list", &PyClient::List)
+      .def("list", &PyClient::List, py::arg("checkpoint") = "")
       .def("wait_remote_committed", &PyClient::WaitRemoteCommitted, py::arg("checkpoint"),
            py::arg("timeout_s"))
       .def("alive", &PyClient::Alive);

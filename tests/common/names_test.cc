@@ -65,6 +65,31 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a storage name may end in ~N, a generation of the name before it",
+          "[names]") {
+  for (const char* name : {"step-100~1", "x~2", "a.b~10", "_~999999999999999999"}) {
+    INFO("name: " << name);
+    CHECK(ValidateStorageName(name, "checkpoint").ok());
+  }
+  const NameGeneration g = SplitGeneration("step-100~12");
+  CHECK(g.base == "step-100");
+  CHECK(g.generation == 12);
+  const NameGeneration plain = SplitGeneration("step-100");
+  CHECK(plain.base == "step-100");
+  CHECK(plain.generation == 0);
+}
+
+TEST_CASE("a '~' anywhere but before a generation number is refused", "[names]") {
+  // No leading zero (one name, one spelling), at most 18 digits, one '~',
+  // a base that is itself a valid name.
+  for (const char* name : {"~1", "x~", "x~0", "x~01", "x~1a", "x~-1", "x~1~2", "a~b",
+                           "x~1234567890123456789", "..~1", ".~1", "a..b~3", "~"}) {
+    INFO("name: " << name);
+    CHECK(ValidateStorageName(name, "checkpoint").code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("ValidateStorageName names the field in its error", "[names]") {
   const absl::Status job = ValidateStorageName("a/b", "job");
   const absl::Status checkpoint = ValidateStorageName("", "checkpoint");

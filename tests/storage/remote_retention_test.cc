@@ -185,6 +185,30 @@ TEST_CASE("remote retention keeps the newest N committed checkpoints and deletes
   }
 }
 
+TEST_CASE("remote retention deletes a generation a newer committed one replaced, "
+          "with keep_last 0 too, and leaves remnants to keep_last",
+          "[remote_retention]") {
+  for (uint32_t keep_last : {0u, 1u}) {
+    INFO("keep_last " << keep_last);
+    InMemoryObjectStore memory;
+    Upload(memory, "other", 1 * kSecond, true);
+    Upload(memory, "x", 2 * kSecond, true);
+    Upload(memory, "x~1", 3 * kSecond, false);  // a remnant, older than LATEST's
+    Upload(memory, "x~2", 10 * kSecond, true, /*latest=*/true);
+    absl::StatusOr<RemoteRetentionResult> result =
+        ApplyRemoteRetention(memory, kJob, "x~2", {}, Keep(keep_last));
+    REQUIRE(result.ok());
+    // Oldest first; keep_last 1 keeps x~2, the replaced x does not count.
+    std::vector<std::string> expected{"x"};
+    if (keep_last == 1) expected.insert(expected.begin(), "other");
+    CHECK(result->deleted == expected);
+    CHECK_FALSE(Has(memory, "x"));
+    CHECK(Has(memory, "x~2"));
+    CHECK(Has(memory, "other") == (keep_last == 0));
+    CHECK(Has(memory, "x~1") == (keep_last == 0));
+  }
+}
+
 TEST_CASE("remote retention deletes the DELETING marker first, COMMIT next, the data files last",
           "[remote_retention]") {
   InMemoryObjectStore memory;

@@ -75,6 +75,45 @@ TEST_CASE("retention with keep_last 0 deletes nothing", "[retention]") {
   CHECK(f.Exists("a"));
 }
 
+TEST_CASE("a newer committed generation of a name replaces the older ones, with any "
+          "keep_last, and does not count towards it",
+          "[retention]") {
+  for (uint32_t keep_last : {0u, 1u, 2u}) {
+    INFO("keep_last " << keep_last);
+    Fixture f;
+    f.Commit("other", 50);
+    f.Commit("x", 100);
+    f.Commit("x~1", 200);
+    REQUIRE(f.store.PrepareForSave("job", "x~3", 0).ok());  // in flight: no say yet
+    f.Commit("x~2", 300);
+    auto deleted = ApplyRetention(f.store, f.leases, "job", keep_last);
+    REQUIRE(deleted.ok());
+    // Newest first: x~1 (200) before x (100); keep_last 1 keeps x~2 and
+    // lets "other" go; 2 keeps both.
+    std::vector<std::string> expected{"x~1", "x"};
+    if (keep_last == 1) expected.push_back("other");
+    CHECK(*deleted == expected);
+    CHECK(f.Exists("x~2"));
+    CHECK(f.Exists("x~3"));
+    CHECK(f.Exists("other") == (keep_last != 1));
+  }
+}
+
+TEST_CASE("a replaced generation being read stays until a later pass", "[retention]") {
+  Fixture f;
+  f.Commit("x", 100);
+  REQUIRE(f.leases.Acquire("job", "x").ok());
+  f.Commit("x~1", 200);
+  auto first = ApplyRetention(f.store, f.leases, "job", 0);
+  REQUIRE(first.ok());
+  CHECK(first->empty());
+  CHECK(f.store.IsCommitted("job", "x"));
+  f.leases.Release("job", "x");
+  auto second = ApplyRetention(f.store, f.leases, "job", 0);
+  REQUIRE(second.ok());
+  CHECK(*second == std::vector<std::string>{"x"});
+}
+
 TEST_CASE("retention skips a checkpoint being read and deletes it on a later pass",
           "[retention]") {
   Fixture f;
