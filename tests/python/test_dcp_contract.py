@@ -1,7 +1,8 @@
 """ckptd.torch keeps torch.distributed.checkpoint's contract (docs/DCP.md):
 Stateful objects at any depth, DCP's exception type and missing-key report,
-allow_partial_load, listing checkpoints, $CKPTD_SOCKET, and ranks that name
-different checkpoints failing fast. Against a real daemon.
+allow_partial_load, listing checkpoints, $CKPTD_SOCKET, ranks that name
+different checkpoints failing fast, and a save again to a checkpoint_id
+replacing it atomically. Against a real daemon.
 
 Run by ctest as: python -m unittest test_dcp_contract (in this directory),
 with PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
@@ -16,7 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import ckptd
 import ckptd.torch as ckpt
-from test_ckptd import run_ranks
+from test_ckptd import Daemon, run_ranks
 from test_torch_api import TinyModel, WithDaemon, _init, assert_same, train_steps
 
 
@@ -265,6 +266,128 @@ class DcpContractTest(WithDaemon):
         # The daemon's wait for the local ranks is 10 minutes; the exchange
         # finds the difference at once (process start-up dominates).
         self.assertLess(time.monotonic() - start, 120)
+
+
+class GenerationNamesTest(unittest.TestCase):
+    """generations.py's name rule, as common/names.h has it."""
+
+    def test_split_and_storage_name(self):
+        from ckptd import generations as g
+        self.assertEqual(g.split("step-1~3"), ("step-1", 3))
+        self.assertEqual(g.split("step-1"), ("step-1", 0))
+        for plain in ("x~", "x~0", "x~01", "~1", "x~1a", "x~1234567890123456789"):
+            self.assertEqual(g.split(plain), (plain, 0), plain)
+        self.assertEqual(g.storage_name("a", 0), "a")
+        self.assertEqual(g.storage_name("a", 7), "a~7")
+        with self.assertRaisesRegex(ValueError, "shorter name"):
+            g.storage_name("a" * 127, 10)
+
+    def test_decide_lists_once_then_counts_its_own_saves(self):
+        from ckptd import generations as g
+        calls = []
+
+        def listing():
+            calls.append(1)
+            return [{"checkpoint": "a", "committed": True},
+                    {"checkpoint": "a~4", "committed": False},  # a remnant: not reused
+                    {"checkpoint": "b~2", "committed": False}]
+        gens = g.Generations()
+        self.assertEqual(gens.decide("a", True, listing), 5)
+        self.assertEqual(gens.decide("a", False, listing), g.EXISTS)
+        self.assertEqual(gens.decide("b", False, listing), 3)  # never committed
+        self.assertEqual(gens.decide("new", False, listing), 0)
+        gens.given("new", 0)
+        self.assertEqual(gens.decide("new", True, listing), 1)
+        self.assertEqual(gens.decide("new", False, listing), g.EXISTS)
+        self.assertEqual(len(calls), 1)
+
+    def test_readers_see_the_newest_committed_generation(self):
+        from ckptd import generations as g
+        entries = [{"checkpoint": "a", "committed": True, "committed_unix_micros": 1},
+                   {"checkpoint": "a~1", "committed": True, "committed_unix_micros": 5},
+                   {"checkpoint": "a~2", "committed": False, "committed_unix_micros": 0},
+                   {"checkpoint": "b", "committed": True, "committed_unix_micros": 3}]
+        self.assertEqual(g.newest_committed(entries, "a")["checkpoint"], "a~1")
+        self.assertIsNone(g.newest_committed(entries, "c"))
+        self.assertEqual([e["checkpoint"] for e in g.visible(entries)], ["b", "a~1"])
+
+
+class OverwriteTest(unittest.TestCase):
+    """A save to a checkpoint_id already saved replaces it as DCP's writer
+    does, but atomically (generations.py): against a daemon whose writes are
+    paced, so that the new save is long in flight."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(flags=("--write_rate_limit", str(8 << 20)))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def stored(self, job, name, want=None):
+        """The daemon's names of `name` and its generations; with `want`,
+        once they are that or after 10 s (retention runs right after the
+        commit the save reports)."""
+        client = ckpt.checkpointer(job, self.daemon.socket, None).client
+        deadline = time.monotonic() + 10
+        while True:
+            names = sorted(c["checkpoint"] for c in client.list(name))
+            if want is None or names == want or time.monotonic() > deadline:
+                return names
+            time.sleep(0.02)
+
+    def test_readers_see_the_old_checkpoint_until_the_new_one_commits(self):
+        kw = {"job": "overwrite", "socket": self.daemon.socket}
+        n = 4 << 20  # 16 MiB: 2 s at the paced rate
+        ckpt.save({"w": torch.full((n,), 1.0)}, checkpoint_id="ck", **kw)
+        r = ckpt.async_save({"w": torch.full((n,), 2.0)}, checkpoint_id="ck", **kw)
+        r.staging_completion.result(timeout=60)
+        seen = []
+        while not r.upload_completion.done():
+            sd = {"w": torch.zeros(n)}
+            self.assertEqual(ckpt.load(sd, checkpoint_id="ck", **kw), "ck")
+            # One checkpoint or the other, whole: never a mixture.
+            self.assertTrue(torch.all(sd["w"] == sd["w"][0]))
+            seen.append(float(sd["w"][0]))
+        r.upload_completion.result()
+        self.assertIn(1.0, seen)
+        self.assertTrue(set(seen) <= {1.0, 2.0}, seen)
+        self.assertEqual(r.storage_name, "ck~1")
+        sd = {"w": torch.zeros(n)}
+        ckpt.load(sd, checkpoint_id="ck", **kw)
+        self.assertTrue(torch.all(sd["w"] == 2.0))
+        ckpt.load(sd := {"w": torch.zeros(n)}, checkpoint_id="latest", **kw)
+        self.assertTrue(torch.all(sd["w"] == 2.0))
+        self.assertEqual(ckpt.list_checkpoints(**kw), ["ck"])
+        self.assertEqual(ckpt.latest_checkpoint(**kw), "ck")
+        # The old one's space is reclaimed once no load reads it: at the
+        # commit, or at the next one if a load held it then.
+        ckpt.save({"w": torch.ones(1)}, checkpoint_id="tick", **kw)
+        self.assertEqual(self.stored("overwrite", "ck", ["ck~1"]), ["ck~1"])
+        self.assertFalse(os.path.exists(os.path.join(self.daemon.dir, "root", "overwrite", "ck")))
+
+        # Again: a third generation replaces the second.
+        ckpt.save({"w": torch.full((n,), 3.0)}, checkpoint_id="ck", **kw)
+        self.assertEqual(self.stored("overwrite", "ck", ["ck~2"]), ["ck~2"])
+        ckpt.load(sd := {"w": torch.zeros(n)}, checkpoint_id="ck", **kw)
+        self.assertTrue(torch.all(sd["w"] == 3.0))
+        self.assertEqual(ckpt.list_checkpoints(**kw), ["tick", "ck"])
+
+    def test_overwrite_false_refuses_a_taken_name_and_keeps_it(self):
+        kw = {"job": "no-overwrite", "socket": self.daemon.socket}
+        ckpt.save({"w": torch.full((8,), 1.0)}, checkpoint_id="ck", **kw)
+        with self.assertRaises(ckpt.CheckpointExists) as e:
+            ckpt.save({"w": torch.full((8,), 2.0)}, checkpoint_id="ck", overwrite=False, **kw)
+        self.assertIsInstance(e.exception, CheckpointException)
+        self.assertIn("Checkpoint already exists", str(e.exception))
+        sd = {"w": torch.zeros(8)}
+        ckpt.load(sd, checkpoint_id="ck", **kw)
+        self.assertTrue(torch.all(sd["w"] == 1.0))
+        self.assertEqual(self.stored("no-overwrite", "ck"), ["ck"])
+        # A free name saves with overwrite=False as with True.
+        ckpt.save({"w": torch.ones(8)}, checkpoint_id="fresh", overwrite=False, **kw)
+        self.assertEqual(ckpt.list_checkpoints(**kw), ["ck", "fresh"])
 
 
 def different_names_rank(socket, store, rank, world):

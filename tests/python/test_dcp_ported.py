@@ -78,10 +78,9 @@ class CkptdBackend:
         self.socket = socket
 
     def save(self, state_dict, *, checkpoint_id, overwrite=True):
-        # ckptd has no storage writer to pass overwrite=False to; its second
-        # save of one checkpoint_id is refused today whatever the flag
-        # (docs/DCP.md, issue 31).
-        ckpt.save(state_dict, checkpoint_id=checkpoint_id, socket=self.socket)
+        # ckptd has no storage writer: overwrite is save's own flag.
+        ckpt.save(state_dict, checkpoint_id=checkpoint_id, socket=self.socket,
+                  overwrite=overwrite)
 
     def async_save(self, state_dict, *, checkpoint_id):
         return ckpt.async_save(state_dict, checkpoint_id=checkpoint_id,
@@ -849,12 +848,6 @@ class StockDcpTest(Ported, unittest.TestCase):
 
 class CkptdTorchTest(Ported, unittest.TestCase):
     BACKEND = "ckptd"
-
-    # Issue 31: a second save to one checkpoint_id fails with ALREADY_EXISTS
-    # today, where DCP overwrites (docs/DCP.md).
-    @unittest.expectedFailure
-    def test_e2e_overwrite(self):
-        super().test_e2e_overwrite()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ with PYTHONPATH holding the built package and CKPTD_BINARY the daemon.
 import os
 import shutil
 import tempfile
+import time
 import unittest
 
 import torch
@@ -68,6 +69,43 @@ class RemoteTierTest(unittest.TestCase):
             got = zeros_like(state(1))
             ckpt.load(got, checkpoint_id="step-1", job="rt", socket=replacement.socket)
             self.assertTrue(torch.equal(got["model"]["w"], state(1)["model"]["w"]))
+        finally:
+            replacement.stop()
+
+    def test_a_save_again_replaces_the_checkpoint_in_both_tiers(self):
+        """A second save to one checkpoint_id (a new generation, "ck~1")
+        commits in the remote tier too, and the replaced one goes from both
+        tiers; a replacement node loads the new one by the plain name."""
+        first = Daemon(flags=["--remote", self.remote])
+        try:
+            for step in (1, 2):
+                response = ckpt.async_save(state(step), checkpoint_id="ck", job="ow",
+                                           socket=first.socket)
+                upload = response.remote_completion.result(timeout=60)
+                self.assertEqual(upload["checkpoint"], response.storage_name)
+            self.assertEqual(response.storage_name, "ck~1")
+            # Remote retention runs right after the remote commit; it
+            # deletes objects (a directory may stay, empty).
+            def objects(name):
+                return [f for _, _, files in os.walk(os.path.join(self.remote, "ow", name))
+                        for f in files]
+            deadline = time.monotonic() + 10
+            while objects("ck") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(objects("ck"), [])
+            self.assertTrue(os.path.exists(os.path.join(self.remote, "ow", "ck~1", "COMMIT")))
+        finally:
+            first.stop()
+        replacement = Daemon(flags=["--remote", self.remote])
+        try:
+            kw = {"job": "ow", "socket": replacement.socket}
+            client = ckpt.checkpointer("ow", replacement.socket, None).client
+            self.assertEqual([c["checkpoint"] for c in client.list("ck")], ["ck~1"])
+            self.assertEqual(ckpt.list_checkpoints(**kw), ["ck"])
+            got = zeros_like(state(2))
+            self.assertEqual(ckpt.load(got, checkpoint_id="ck", **kw), "ck")
+            self.assertTrue(torch.equal(got["model"]["w"], state(2)["model"]["w"]))
+            self.assertEqual(got["step"], 2)
         finally:
             replacement.stop()
 

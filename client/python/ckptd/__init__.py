@@ -291,10 +291,11 @@ class Client:
             self._gpu.synchronize(self._gpu.device(gpu_tensors))
         return self._load(checkpoint, items, list(byte_items), allow_missing)
 
-    def list(self) -> list:
+    def list(self, checkpoint: str = "") -> list:
         """This job's checkpoints: {checkpoint, committed, latest, total_bytes,
-        committed_unix_micros}."""
-        return self._connection().list()
+        committed_unix_micros}; with `checkpoint`, only that name and its
+        generations ("NAME~N", saved again to the name: docs/FORMAT.md)."""
+        return self._connection().list(checkpoint)
 
     def _region(self, address: int, length: int, on_gpu: bool = False,
                 snapshot: bool = False) -> int:

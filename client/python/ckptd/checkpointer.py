@@ -97,6 +97,7 @@ except ImportError as e:  # built before torch was in this Python
         "then re-run scripts/build.sh (scripts/test.sh installs it first)") from e
 from ckptd import errors as errors_mod
 from ckptd import flatten as flatten_mod
+from ckptd import generations as generations_mod
 from ckptd import stateful as stateful_mod
 from ckptd import values as values_mod
 from ckptd.index import INDEX_FQN, Alias, Index
@@ -203,10 +204,15 @@ class Checkpointer:
         self._plan: Optional[_Plan] = None
         self._watcher = SaveWatcher(self.job)
         self._submitter = SaveSubmitter(self.job)
+        # The generation of a save to a taken name is decided by the
+        # group's first rank (generations.py).
+        self._decides = self.rank == self._exchange.ranks[0]
+        self._generations = generations_mod.Generations()
 
     # -- save ---------------------------------------------------------------
 
-    def async_save(self, state_dict, *, checkpoint_id: str) -> AsyncSaveResponse:
+    def async_save(self, state_dict, *, checkpoint_id: str,
+                   overwrite: bool = True) -> AsyncSaveResponse:
         if self._last is not None:
             try:
                 self._last.staging_completion.result()
@@ -274,14 +280,14 @@ class Checkpointer:
 
         self._submitter.submit(
             lambda: self._submit(response, connection, plan, values, error, raised, mark,
-                                 relay),
+                                 relay, overwrite),
             fail)
         self._last = response
         return response
 
     def _submit(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
                 values, error: Optional[str], raised: Optional[BaseException],
-                mark, relay) -> None:
+                mark, relay, overwrite: bool) -> None:
         """Steps 6 and 7 of a save (the module comment), on the submit thread;
         then passes STAGED on to the save's relay, if it has one, whatever
         happened (a relay record never made would hold the trainer's stream
@@ -289,7 +295,7 @@ class Checkpointer:
         handle = None
         try:
             handle = self._submit_save(response, connection, plan, values, error, raised,
-                                       mark)
+                                       mark, overwrite)
         finally:
             if relay is not None:
                 try:
@@ -302,7 +308,7 @@ class Checkpointer:
 
     def _submit_save(self, response: AsyncSaveResponse, connection, plan: Optional[_Plan],
                      values, error: Optional[str], raised: Optional[BaseException],
-                     mark):
+                     mark, overwrite: bool):
         """Steps 6 and 7; the save's handle, or None if it failed."""
         gpu_hosts: List[torch.Tensor] = []
         if error is None and mark is not None:
@@ -310,11 +316,19 @@ class Checkpointer:
                 gpu_hosts = self._memory.host_bytes(plan.gpu_device, mark, plan.gpu_checked)
             except Exception as e:  # noqa: BLE001 - the peers must hear of it
                 error = f"cannot read its GPU tensors to compare them: {type(e).__name__}: {e}"
+        base = response.checkpoint_id
+        decision = 0
+        if error is None and self._decides:
+            try:
+                decision = self._generations.decide(base, overwrite, lambda: connection.list(""))
+            except ckptd.Error as e:
+                error, raised = (f"rank {self.rank}: cannot list the job's checkpoints to "
+                                 f"tell whether {base!r} is taken: {e}"), e
         try:
-            holders, merged = self._exchange.exchange(
+            holders, merged, decision = self._exchange.exchange(
                 error, lambda: self._key(plan, values, gpu_hosts),
                 lambda: self._detailed(plan, values, gpu_hosts),
-                names=(self.job, response.checkpoint_id))
+                names=(self.job, base), decision=decision)
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
@@ -322,16 +336,25 @@ class Checkpointer:
             self._plan = None
             response._fail(raised or e)
             return None
+        if decision == generations_mod.EXISTS:
+            self._plan = None
+            response._fail(errors_mod.CheckpointExists(
+                f"Checkpoint already exists: {self.job}/{base} is committed and the save "
+                f"was made with overwrite=False; nothing was saved"))
+            return None
         try:
+            name = generations_mod.storage_name(base, decision)
+            self._generations.given(base, decision)
+            response.storage_name = name
             if holders != plan.holders:
                 # Other holders than planned (ranks joined or left an fqn):
                 # the items' replica sets change, and so the layout.
                 self._set_holders(plan, holders)
             self._fill_values(plan, values)
             index = self._index(plan, values, merged)
-            handle = connection.save(response.checkpoint_id, plan.layout, {INDEX_FQN: index},
+            handle = connection.save(name, plan.layout, {INDEX_FQN: index},
                                      ready_recorded=plan.gpu)
-        except ckptd.Error as e:
+        except (ckptd.Error, ValueError) as e:
             self._plan = None
             response._fail(response._explain(e))
             return None
@@ -350,9 +373,10 @@ class Checkpointer:
             return None
         return matched
 
-    def save(self, state_dict, *, checkpoint_id: str) -> None:
+    def save(self, state_dict, *, checkpoint_id: str, overwrite: bool = True) -> None:
         """Saves and returns once the checkpoint is committed."""
-        self.async_save(state_dict, checkpoint_id=checkpoint_id).upload_completion.result()
+        self.async_save(state_dict, checkpoint_id=checkpoint_id,
+                        overwrite=overwrite).upload_completion.result()
 
     def _new_plan(self, state_dict) -> Tuple[_Plan, list, list]:
         """Plans the save of `state_dict` (raises ValueError naming the fqn
@@ -585,18 +609,18 @@ class Checkpointer:
     # -- which checkpoints ----------------------------------------------------
 
     def list_checkpoints(self) -> List[str]:
-        """The job's committed checkpoints, oldest commit first."""
+        """The job's committed checkpoints, oldest commit first (a name
+        saved again: once, as of its newest generation's commit)."""
         self._submitter.wait_idle()  # the client is not shared with the submit thread
-        committed = [c for c in self.client.list() if c["committed"]]
-        committed.sort(key=lambda c: (c["committed_unix_micros"], c["checkpoint"]))
-        return [c["checkpoint"] for c in committed]
+        return [generations_mod.split(c["checkpoint"])[0]
+                for c in generations_mod.visible(self.client.list())]
 
     def latest_checkpoint(self) -> Optional[str]:
         """The checkpoint "latest" loads (the newest committed), or None."""
         self._submitter.wait_idle()
         for c in self.client.list():
             if c["latest"]:
-                return c["checkpoint"]
+                return generations_mod.split(c["checkpoint"])[0]
         return None
 
     # -- load ---------------------------------------------------------------
@@ -610,6 +634,7 @@ class Checkpointer:
         checkpoint's name."""
         resolved = stateful_mod.ResolvedState(state_dict)
         name = self._load_resolved(resolved.state_dict, checkpoint_id, allow_missing)
+        name = generations_mod.split(name)[0]
         resolved.finish_load()
         # As DCP's load does: each top-level entry that is not a Stateful is
         # set again, to its loaded value (a dict subclass sees the
@@ -621,10 +646,29 @@ class Checkpointer:
                     state_dict[k] = v
         return name
 
+    def _open(self, checkpoint_id: str) -> dict:
+        """The first load of a checkpoint (its index alone), of the newest
+        committed generation of `checkpoint_id` (generations.py). Looked up
+        again if retention took that generation between the list and the
+        load (a newer one committed meanwhile)."""
+        for attempt in range(3):
+            name = checkpoint_id
+            if checkpoint_id != "latest":
+                newest = generations_mod.newest_committed(self.client.list(checkpoint_id),
+                                                          checkpoint_id)
+                if newest is not None:
+                    name = newest["checkpoint"]
+            try:
+                return self.client._load(name, [], [INDEX_FQN], True)
+            except errors_mod.CheckpointNotFound:
+                if name == checkpoint_id or attempt == 2:
+                    raise
+
     def _load_resolved(self, state_dict, checkpoint_id: str, allow_missing: bool) -> str:
-        """load() into a state dict without Stateful objects."""
+        """load() into a state dict without Stateful objects; returns the
+        name of the generation loaded."""
         self._submitter.wait_idle()  # the client is not shared with the submit thread
-        first = self.client._load(checkpoint_id, [], [INDEX_FQN], True)
+        first = self._open(checkpoint_id)
         name = first["checkpoint"]
         index = Index.decode(first["byte_items"].get(INDEX_FQN))
         leaves, paths = flatten_mod.flatten(state_dict)

@@ -13,6 +13,8 @@ says what happened:
   keepalive ping goes unanswered: within about 15 s.
 - CheckpointNotFound: the job has no such checkpoint (or none committed,
   for "latest"); the message names job and checkpoint.
+- CheckpointExists: a save with overwrite=False (ckptd.torch) names a
+  checkpoint that is committed; nothing was saved.
 - StateMismatch: a tensor of the state dict does not fit what the
   checkpoint stores under its fqn (shape or dtype); names fqn, the stored
   and the found shape and dtype. Also a ValueError.
@@ -92,6 +94,10 @@ class DaemonUnavailable(CkptdError):
 
 class CheckpointNotFound(CkptdError):
     """The job has no such (committed) checkpoint."""
+
+
+class CheckpointExists(CkptdError):
+    """A save with overwrite=False names a committed checkpoint."""
 
 
 class StateMismatch(CkptdError, ValueError):

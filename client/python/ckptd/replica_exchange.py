@@ -140,8 +140,10 @@ class ReplicaExchange:
         return self._dist is not None and len(self.ranks) > 1
 
     def exchange(self, error: Optional[str], key: Callable[[], bytes],
-                 detailed: Callable[[], Descriptions], names: Tuple[str, str] = ("", "")
-                 ) -> Tuple[Union[Tuple[int, ...], Dict[str, List[int]]], Optional[Descriptions]]:
+                 detailed: Callable[[], Descriptions], names: Tuple[str, str] = ("", ""),
+                 decision: int = 0
+                 ) -> Tuple[Union[Tuple[int, ...], Dict[str, List[int]]], Optional[Descriptions],
+                            int]:
         """Who holds each of this rank's plain leaves, over every rank's.
 
         `key()` digests this rank's leaves (structure, values, checked
@@ -155,29 +157,38 @@ class ReplicaExchange:
         ReplicaMismatchError if holders of an fqn disagree, SaveInputError
         if ranks name different (job, checkpoint)s in `names` (a typo, or a
         timestamp in the name: the daemon would wait for ranks that never
-        come to either checkpoint)."""
+        come to either checkpoint).
+
+        `decision` is a number the group's first rank decides for the save
+        (its generation, generations.py); the third value returned is that
+        rank's, the same on every rank. It rides in the first collective,
+        outside the digest compared."""
         if not self.compares:
             if error is not None:
                 raise SaveInputError(error)
-            return tuple(self.ranks), None
+            return tuple(self.ranks), None, decision
         if self._closed:
             raise CkptdError("the replica exchange's group was released: the "
                              "interpreter is exiting; this save is not made")
         mine = values_mod.digest(
             pickle.dumps((names, error, None if error else key()), protocol=4))
-        keys = self._all_gather_key(mine)
+        keys, decisions = self._all_gather_key(mine, decision)
+        decided = decisions[0]  # self.ranks is sorted: the first rank's
         if error is None and all(k == mine for k in keys):
-            return tuple(self.ranks), None
+            return tuple(self.ranks), None, decided
         gathered = [None] * len(self.ranks)
         local = (error, [] if error else sorted(detailed().items()), names)
         self._dist.all_gather_object(gathered, local, group=self._group)
-        return _merge(dict(zip(self.ranks, gathered)))
+        return (*_merge(dict(zip(self.ranks, gathered))), decided)
 
-    def _all_gather_key(self, key: bytes) -> List[bytes]:
-        mine = torch.frombuffer(bytearray(key), dtype=torch.int64)
+    def _all_gather_key(self, key: bytes, decision: int) -> Tuple[List[bytes], List[int]]:
+        """Every rank's key and decision, in self.ranks' order."""
+        mine = torch.empty(len(key) // 8 + 1, dtype=torch.int64)
+        mine[:-1] = torch.frombuffer(bytearray(key), dtype=torch.int64)
+        mine[-1] = decision
         out = [torch.empty_like(mine) for _ in self.ranks]
         self._dist.all_gather(out, mine, group=self._group)
-        return [t.numpy().tobytes() for t in out]
+        return ([t[:-1].numpy().tobytes() for t in out], [int(t[-1]) for t in out])
 
 
 def _merge(by_rank: Dict[int, tuple]) -> Tuple[Dict[str, List[int]], Descriptions]:

@@ -59,7 +59,8 @@ class AsyncSaveResponse:
 
     __slots__ = ("checkpoint_id", "staging_completion", "upload_completion",
                  "_keep_alive", "_handle", "_socket", "_lock", "_cancel_requested",
-                 "_stream", "_relay", "_handed_over", "_connection", "_remote")
+                 "_stream", "_relay", "_handed_over", "_connection", "_remote",
+                 "storage_name")
 
     # How long remote_completion waits for the remote commit after the
     # local one: the daemon's own bound on an upload (30 minutes by
@@ -68,6 +69,9 @@ class AsyncSaveResponse:
 
     def __init__(self, checkpoint_id: str):
         self.checkpoint_id = checkpoint_id
+        # The name the daemon stores it under: checkpoint_id, or a new
+        # generation of it ("NAME~N", generations.py); set once submitted.
+        self.storage_name: Optional[str] = None
         self.staging_completion: concurrent.futures.Future = concurrent.futures.Future()
         self.upload_completion: concurrent.futures.Future = concurrent.futures.Future()
         self._keep_alive: Optional[Any] = None
@@ -110,8 +114,8 @@ class AsyncSaveResponse:
             self.upload_completion.result()  # committed locally first
             if self._connection is None:
                 raise errors.CkptdError("this save never reached a daemon")
-            result = self._connection.wait_remote_committed(self.checkpoint_id,
-                                                            self.REMOTE_TIMEOUT_S)
+            result = self._connection.wait_remote_committed(
+                self.storage_name or self.checkpoint_id, self.REMOTE_TIMEOUT_S)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             self._remote.set_exception(self._explain(e))
             return
@@ -211,6 +215,7 @@ class SaveWatcher:
         if response is None:
             return AsyncSaveResponse(checkpoint_id)
         response.checkpoint_id = checkpoint_id
+        response.storage_name = None
         return response
 
     def watch(self, response: AsyncSaveResponse, handle, keep_alive) -> None:

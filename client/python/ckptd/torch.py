@@ -59,7 +59,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ckptd import checkpoint_ids, default_socket
 from ckptd.checkpointer import Checkpointer, default_job
-from ckptd.errors import (CheckpointNotFound, CkptdError, DaemonUnavailable,
+from ckptd.errors import (CheckpointExists, CheckpointNotFound, CkptdError, DaemonUnavailable,
                           InvalidStateDict, MissingKeys, SaveFailed, StateMismatch)
 from ckptd.replica_exchange import ReplicaMismatchError, SaveInputError
 from ckptd.save_response import AsyncSaveResponse
@@ -67,6 +67,7 @@ from ckptd.save_response import AsyncSaveResponse
 __all__ = ["async_save", "save", "load", "list_checkpoints", "latest_checkpoint",
            "checkpointer", "Checkpointer", "AsyncSaveResponse", "ReplicaMismatchError",
            "SaveInputError", "CkptdError", "DaemonUnavailable", "CheckpointNotFound",
+           "CheckpointExists",
            "StateMismatch", "SaveFailed", "MissingKeys", "InvalidStateDict"]
 
 _checkpointers: Dict[Tuple, Checkpointer] = {}
@@ -85,7 +86,8 @@ def checkpointer(job: Optional[str] = None, socket: Optional[str] = None,
 
 
 def async_save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
-               socket: Optional[str] = None, process_group=None) -> AsyncSaveResponse:
+               socket: Optional[str] = None, process_group=None,
+               overwrite: bool = True) -> AsyncSaveResponse:
     """Starts saving `state_dict` as checkpoint `checkpoint_id` (a name such
     as "step-00001000") and returns in well under a millisecond once the
     save plan is checked, the small tensors copied and the Python values
@@ -99,17 +101,24 @@ def async_save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
 
     `checkpoint_id` may also be a path, as DCP takes it
     (f"{folder}/step-{n}"): its directory then names the job and its last
-    component the checkpoint (checkpoint_ids.py)."""
+    component the checkpoint (checkpoint_ids.py).
+
+    A checkpoint_id that is already saved is replaced, as DCP's writer
+    does by default, but atomically: readers see the old checkpoint until
+    the new one is committed, then the new one, and the old one's space is
+    reclaimed after (generations.py). With overwrite=False such a save
+    fails with CheckpointExists, on every rank, and nothing is saved."""
     job, name = _resolve(checkpoint_id, job)
     return checkpointer(job, socket, process_group).async_save(
-        state_dict, checkpoint_id=name)
+        state_dict, checkpoint_id=name, overwrite=overwrite)
 
 
 def save(state_dict, *, checkpoint_id: str, job: Optional[str] = None,
-         socket: Optional[str] = None, process_group=None) -> None:
+         socket: Optional[str] = None, process_group=None, overwrite: bool = True) -> None:
     """async_save, returning once the checkpoint is committed."""
     async_save(state_dict, checkpoint_id=checkpoint_id, job=job, socket=socket,
-               process_group=process_group).upload_completion.result()
+               process_group=process_group,
+               overwrite=overwrite).upload_completion.result()
 
 
 def load(state_dict, *, checkpoint_id: str = "latest", job: Optional[str] = None,
