@@ -446,24 +446,17 @@ InFlightCheckpoints::StoppedAll InFlightCheckpoints::CancelAll(
   return stopped;
 }
 
-std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionClosed(
-    const Session& session, ListenerCalls* out) {
+std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::FailOpenAttemptsLocked(
+    const std::string& job, ListenerCalls* out,
+    const std::function<std::optional<std::string>(Entry&)>& why) {
   std::vector<Retired> retired;
-  absl::MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto next = std::next(it);  // retiring may erase `it`
     Entry& entry = it->second;
-    if (entry.checkpoint->job == session.job() &&
-        entry.final_phase == v1::PHASE_UNSPECIFIED) {
-      auto part = entry.parts.find(session.rank());
-      if (part == entry.parts.end()) {
-        EndLocked(entry, v1::PHASE_FAILED,
-                  absl::StrCat("rank ", session.rank(),
-                               " disconnected before submitting its part"),
-                  out);
+    if (entry.checkpoint->job == job && entry.final_phase == v1::PHASE_UNSPECIFIED) {
+      if (std::optional<std::string> reason = why(entry)) {
+        EndLocked(entry, v1::PHASE_FAILED, *std::move(reason), out);
         if (auto r = MaybeRetireLocked(it)) retired.push_back(*std::move(r));
-      } else if (part->second->session_id == session.id()) {
-        entry.ranks_gone.insert(session.rank());
       }
     }
     it = next;
@@ -471,32 +464,39 @@ std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionClosed(
   return retired;
 }
 
+std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionClosed(
+    const Session& session, ListenerCalls* out) {
+  absl::MutexLock lock(&mu_);
+  return FailOpenAttemptsLocked(
+      session.job(), out, [&session](Entry& entry) -> std::optional<std::string> {
+        auto part = entry.parts.find(session.rank());
+        if (part == entry.parts.end()) {
+          return absl::StrCat("rank ", session.rank(),
+                              " disconnected before submitting its part");
+        }
+        if (part->second->session_id == session.id()) entry.ranks_gone.insert(session.rank());
+        return std::nullopt;
+      });
+}
+
 std::vector<InFlightCheckpoints::Retired> InFlightCheckpoints::SessionOpened(
     const Session& session, ListenerCalls* out) {
-  std::vector<Retired> retired;
   absl::MutexLock lock(&mu_);
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    auto next = std::next(it);  // retiring may erase `it`
-    Entry& entry = it->second;
-    // With every local part in, the attempt no longer waits for any rank
-    // here: it may still commit, so it is left alone.
-    if (entry.checkpoint->job == session.job() &&
-        entry.final_phase == v1::PHASE_UNSPECIFIED &&
-        entry.ranks_gone.contains(session.rank()) &&
-        entry.parts.size() < entry.checkpoint->local_ranks) {
-      EndLocked(entry, v1::PHASE_FAILED,
-                absl::StrCat("rank ", session.rank(), " of job ", session.job(),
-                             " started again (a new session) while this checkpoint, whose "
-                             "part of that rank came from a session that has ended, waited "
-                             "for ", entry.checkpoint->local_ranks - entry.parts.size(),
-                             " more local rank(s): the run that began it is gone, so it "
-                             "cannot complete"),
-                out);
-      if (auto r = MaybeRetireLocked(it)) retired.push_back(*std::move(r));
-    }
-    it = next;
-  }
-  return retired;
+  return FailOpenAttemptsLocked(
+      session.job(), out, [&session](Entry& entry) -> std::optional<std::string> {
+        // With every local part in, the attempt no longer waits for any
+        // rank here: it may still commit, so it is left alone.
+        if (!entry.ranks_gone.contains(session.rank()) ||
+            entry.parts.size() >= entry.checkpoint->local_ranks) {
+          return std::nullopt;
+        }
+        return absl::StrCat(
+            "rank ", session.rank(), " of job ", session.job(),
+            " started again (a new session) while this checkpoint, whose part of that rank "
+            "came from a session that has ended, waited for ",
+            entry.checkpoint->local_ranks - entry.parts.size(),
+            " more local rank(s): the run that began it is gone, so it cannot complete");
+      });
 }
 
 bool InFlightCheckpoints::Contains(absl::string_view job,

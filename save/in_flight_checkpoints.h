@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
@@ -242,6 +243,13 @@ class InFlightCheckpoints {
                  ListenerCalls* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes an ended attempt out of the set once no worker uses it.
   std::optional<Retired> MaybeRetireLocked(Entries::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks `why` about each attempt of `job` that has not ended; fails those
+  // it gives a reason for, and returns the ones that retired. `why` may
+  // change the entry (it runs under mu_).
+  std::vector<Retired> FailOpenAttemptsLocked(
+      const std::string& job, ListenerCalls* out,
+      const std::function<std::optional<std::string>(Entry&)>& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refuses a cancel once another node may commit with this node's files.
   static absl::Status CheckCancellable(const Entry& entry);

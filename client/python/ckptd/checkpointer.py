@@ -323,7 +323,7 @@ class Checkpointer:
                 decision = self._generations.decide(base, overwrite, lambda: connection.list(""))
             except ckptd.Error as e:
                 error, raised = (f"rank {self.rank}: cannot list the job's checkpoints to "
-                                 f"tell whether {base!r} is taken: {e}"), e
+                                 f"tell whether {base!r} is taken: {e}"), response._explain(e)
         try:
             holders, merged, decision = self._exchange.exchange(
                 error, lambda: self._key(plan, values, gpu_hosts),
