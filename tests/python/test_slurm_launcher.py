@@ -18,19 +18,56 @@ nodes commit together; a save still being written when `stop` runs on
 every node is drained to COMMITTED; afterwards no daemon runs, the
 launcher's files are gone, and everything written belongs to the uid.
 
+The README's Slurm job script (the ```sh block marked `<!-- tested:
+readme-slurm -->`) is run as written, by bash, as the batch step: on the
+first of the nodes its `#SBATCH --nodes` asks for, as the uid, in the
+"checkout" it is submitted from (a directory of the uid's holding the
+launcher and the training script), with Slurm's variables set as sbatch
+sets them. Where it differs from a real cluster, and only there:
+- `srun` is the test's: a small program on PATH that hands its command,
+  directory, environment and output to the test, which starts one task
+  per node in that node's namespaces as the uid (the job's variables,
+  SLURM_NODEID and the rest as srun sets them per task), and exits with
+  the highest status of the tasks, as srun does. It takes the options the
+  block uses and refuses any other.
+- The nodes share one network namespace here (their names lead to its
+  loopback), since torchrun's rendezvous and gloo need one between them.
+- `~/ckptd-venv`, the venv of the README's pip install
+  (test_pip_install.py runs that block), stands in as a venv whose
+  site-packages reach this build's package and the project venv's torch,
+  with the build's ckptd and ckptctl and a torchrun in its bin.
+- `train.py` is the test's: each rank saves through ckptd.torch, with no
+  socket configured, a checkpoint both nodes commit, and loads it back.
+- The job has one GPU a node (SLURM_GPUS_ON_NODE=1, whatever its #SBATCH
+  line asks): torchrun starts one rank a node.
+Checked: the script exits 0; every rank saved and restored through its
+node's per-job socket; the checkpoint has both nodes' manifests and its
+COMMIT; `stop` drained every daemon; then no daemon of the uid is left,
+the barrier is gone, and the root is the uid's. The script takes 7 to 17 s
+on 2 cores beside other builds (four processes import torch); not run
+under the sanitizers, which instrument none of torch and would only slow
+it.
+
 Run as: python test_slurm_launcher.py (in this directory), with PYTHONPATH
 holding the built package and CKPTD_BINARY, CKPTCTL_BINARY the binaries.
 Exits 77, which ctest reports as skipped, without root or namespaces.
 """
 
+import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
+
+from readme_blocks import readme_block
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,31 +160,318 @@ def reach_interpreter(base):
 
 
 class Node:
-    """A process holding one node's namespaces; commands enter them."""
+    """A process holding one node's namespaces; commands enter them.
 
-    def __init__(self, index, base):
+    Each node has a network namespace of its own, or, given `network` (a
+    ClusterNetwork), joins that one, where the nodes' names in `/etc/hosts`
+    all lead to its loopback device: what torchrun's rendezvous between the
+    nodes needs."""
+
+    def __init__(self, index, base, network=None):
         self.index = index
         self.name = NODES[index]
         self.tmp = os.path.join(base, f"{self.name}-tmp")  # its /tmp
         os.mkdir(self.tmp)
         os.chmod(self.tmp, 0o1777)
+        if network is None:
+            enter, hosts = ["unshare", "--net"], ""
+        else:
+            enter = ["nsenter", f"--net=/proc/{network.holder.pid}/ns/net", "unshare"]
+            hosts = f"mount --bind '{network.hosts}' /etc/hosts && "
         self.holder = subprocess.Popen(
-            ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "sh", "-c",
-             reach_interpreter(base) +
+            [*enter, "--mount", "--uts", "--propagation", "private", "sh", "-c",
+             reach_interpreter(base) + hosts +
              f"mount --bind '{self.tmp}' /tmp && hostname {self.name} && echo up && "
              "exec sleep 600"], stdout=subprocess.PIPE, text=True)
         line = self.holder.stdout.readline()
         assert line.strip() == "up", f"{self.name}'s namespaces did not come up: {line!r}"
 
-    def argv(self, env, *cmd):
+    def argv(self, env, *cmd, cwd=None):
+        """cmd in this node's namespaces as the uid, with exactly `env`
+        (and in `cwd`)."""
+        at = ["sh", "-c", 'cd "$0" && exec "$@"', cwd] if cwd else []
         return ["nsenter", "-t", str(self.holder.pid), "--net", "--mount", "--uts", "--",
                 "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--",
-                "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd]
+                "env", "-i", *[f"{k}={v}" for k, v in env.items()], *at, *cmd]
 
     def close(self):
         self.holder.kill()
         self.holder.wait()
         self.holder.stdout.close()
+
+
+def uid_daemons():
+    """The pids of the uid's ckptd processes."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+            if comm == "ckptd" and os.stat(f"/proc/{entry}").st_uid == UID:
+                pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+class ClusterNetwork:
+    """A network namespace the nodes share, its loopback up, and a hosts
+    file in which every node's name is that loopback's address."""
+
+    def __init__(self, base, names):
+        self.hosts = os.path.join(base, "hosts")
+        with open(self.hosts, "w") as f:
+            f.write(f"127.0.0.1 localhost {' '.join(names)}\n::1 localhost\n")
+        os.chmod(self.hosts, 0o644)
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep 600"],
+            stdout=subprocess.PIPE, text=True)
+        line = self.holder.stdout.readline()
+        assert line.strip() == "up", f"the cluster's network did not come up: {line!r}"
+
+    def close(self):
+        self.holder.kill()
+        self.holder.wait()
+        self.holder.stdout.close()
+
+
+SRUN = """#!{python}
+# srun, for the README's job script on the test's nodes: the test (root)
+# runs the step's tasks, one per node, as the job's uid; this hands it the
+# command, directory, environment and output, and exits with the step's
+# status (tests/python/test_slurm_launcher.py, StandInSrun).
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect({relay!r})
+request = {{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}
+socket.send_fds(s, [json.dumps(request).encode()], [1, 2])
+s.shutdown(socket.SHUT_WR)
+sys.exit(int(s.makefile().read() or 1))
+"""
+
+
+class StandInSrun:
+    """The test's srun: `bin` holds the program the job script calls; the
+    test runs each step it is handed on every node, one task a node."""
+
+    FLAGS = ("--overlap", "--label", "--ntasks-per-node=1")
+    WITH_VALUES = ("--kill-on-bad-exit=", "--gpus-per-node=")
+
+    def __init__(self, base, nodes, procs):
+        self.nodes, self.procs = nodes, procs
+        self.steps = 0
+        self.lock = threading.Lock()
+        self.path = os.path.join(base, "srun.sock")
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(self.path)
+        os.chmod(self.path, 0o666)
+        self.server.listen(8)
+        self.bin = os.path.join(base, "srun-bin")
+        os.mkdir(self.bin)
+        program = os.path.join(self.bin, "srun")
+        with open(program, "w") as f:
+            f.write(SRUN.format(python=sys.executable, relay=self.path))
+        os.chmod(program, 0o755)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self.step, args=(conn,), daemon=True).start()
+
+    def step(self, conn):
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+            while chunk := conn.recv(1 << 16):
+                data += chunk
+            out, err = fds
+            try:
+                status = self.run_step(json.loads(data), out, err)
+            finally:
+                os.close(out)
+                os.close(err)
+            conn.sendall(str(status).encode())
+
+    def run_step(self, request, out, err):
+        argv, env = list(request["argv"]), request["env"]
+        while argv and argv[0].startswith("-"):
+            option = argv.pop(0)
+            if option not in self.FLAGS and not option.startswith(self.WITH_VALUES):
+                os.write(err, f"srun (the test's): unknown option {option}\n".encode())
+                return 1
+        if not argv or env.get("SLURM_NTASKS_PER_NODE") != "1":
+            os.write(err, b"srun (the test's): no command, or not one task a node\n")
+            return 1
+        with self.lock:
+            step, self.steps = self.steps, self.steps + 1
+        tasks = []
+        for node in self.nodes:
+            task_env = dict(env, SLURM_NODEID=str(node.index), SLURM_PROCID=str(node.index),
+                            SLURM_LOCALID="0", SLURM_STEP_ID=str(step),
+                            SLURMD_NODENAME=node.name)
+            p = subprocess.Popen(node.argv(task_env, *argv, cwd=request["cwd"]),
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            self.procs.append(p)
+            tasks.append(p)
+        return max(code if code >= 0 else 128 - code for code in (p.wait() for p in tasks))
+
+    def close(self):
+        self.server.close()
+
+
+# The training script the README's job runs: "your training script".
+TRAIN_PY = textwrap.dedent("""
+    import os
+    import torch
+    import torch.distributed as dist
+    import ckptd
+    import ckptd.torch as ckpt
+    assert "CKPTD_SOCKET" not in os.environ
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = f"layer{rank}.weight"
+    state = {"model": {name: torch.arange(256.0) + rank}, "step": 7}
+    ckpt.save(state, checkpoint_id="step-7", job="readme-slurm")
+    back = {"model": {name: torch.zeros(256)}, "step": 0}
+    ckpt.load(back, checkpoint_id="step-7", job="readme-slurm")
+    assert torch.equal(back["model"][name], state["model"][name]) and back["step"] == 7
+    print(f"train.py: rank {rank} of {world}, node {os.environ['GROUP_RANK']}: step-7 "
+          f"saved and restored through {ckptd.default_socket()}", flush=True)
+    dist.barrier()
+    os._exit(0)  # no finalizing with gloo's threads about (test_ckptd.py)
+""")
+
+
+class ReadmeJobScriptTest(unittest.TestCase):
+    """The README's Slurm job script, run as written (the module's
+    docstring says where the test stands in for a cluster)."""
+
+    JOB = "4343"
+
+    def setUp(self):
+        if "LD_PRELOAD" in os.environ:
+            self.skipTest("a sanitized build: the job's torch processes run in the gcc build")
+        if shutil.which("ip") is None:
+            self.skipTest("ip (iproute2) is not installed: the nodes' network needs it")
+        self.script = readme_block("readme-slurm")
+        nodes = re.findall(r"^#SBATCH .*--nodes=(\d+)", self.script, re.M)
+        per_node = re.findall(r"^#SBATCH .*--ntasks-per-node=(\d+)", self.script, re.M)
+        self.assertEqual(len(nodes), 1, "the job script names its --nodes in one #SBATCH line")
+        self.assertEqual(per_node, ["1"], "the job script runs one task a node")
+        self.count = int(nodes[0])
+        self.assertLessEqual(self.count, len(NODES))
+        self.base = tempfile.mkdtemp(prefix="ckptd-slurm-readme-", dir="/var/tmp")
+        os.chmod(self.base, 0o755)
+        self.procs = []
+        self.network = ClusterNetwork(self.base, NODES[:self.count])
+        self.nodes = []
+        for i in range(self.count):
+            self.nodes.append(Node(i, self.base, self.network))
+        self.srun = StandInSrun(self.base, self.nodes, self.procs)
+
+    def tearDown(self):
+        self.srun.close()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for pid in uid_daemons():
+            os.kill(pid, 9)
+        time.sleep(0.2)  # the steps' srun programs see their step end and exit
+        for n in self.nodes:
+            n.close()
+        self.network.close()
+        if os.environ.get("CKPT_KEEP"):
+            print("kept", self.base)
+            return
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def owned(self, path, mode=0o755):
+        os.makedirs(path, mode=mode)
+        os.chown(path, UID, UID)
+        return path
+
+    def stand_in_venv(self, venv):
+        """~/ckptd-venv: a venv whose site-packages reach this build's
+        package and the project venv's torch, with the build's ckptd and
+        ckptctl and a torchrun in its bin."""
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        site = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                               "import sysconfig; print(sysconfig.get_path('platlib'))"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(site, "ckptd-test-build.pth"), "w") as f:
+            f.write("\n".join([*os.environ["PYTHONPATH"].split(":"),
+                               sysconfig.get_path("platlib")]) + "\n")
+        bin_dir = os.path.join(venv, "bin")
+        os.symlink(os.environ["CKPTD_BINARY"], os.path.join(bin_dir, "ckptd"))
+        os.symlink(os.environ["CKPTCTL_BINARY"], os.path.join(bin_dir, "ckptctl"))
+        with open(os.path.join(bin_dir, "torchrun"), "w") as f:
+            f.write(f"#!{bin_dir}/python\nimport sys\n"
+                    "from torch.distributed.run import main\nsys.exit(main())\n")
+        os.chmod(os.path.join(bin_dir, "torchrun"), 0o755)
+
+    def test_the_readme_job_script_runs_as_written(self):
+        home = self.owned(os.path.join(self.base, "home"), 0o700)
+        self.stand_in_venv(os.path.join(home, "ckptd-venv"))
+        submit = self.owned(os.path.join(self.base, "checkout"))
+        self.owned(os.path.join(submit, "deploy", "slurm"))
+        shutil.copy2(LAUNCHER, os.path.join(submit, "deploy", "slurm", "ckptd-slurm"))
+        for name, text in (("train.py", TRAIN_PY), ("job.sh", self.script)):
+            with open(os.path.join(submit, name), "w") as f:
+                f.write(text)
+        for top, dirs, files in os.walk(self.base):
+            for name in [top] + [os.path.join(top, f) for f in dirs + files]:
+                if name.startswith((home, submit)):
+                    os.lchown(name, UID, UID)
+        count = self.count
+        env = {"PATH": f"{self.srun.bin}:/usr/bin:/bin", "HOME": home,
+               "SLURM_JOB_ID": self.JOB, "SLURM_JOB_NAME": "job.sh", "SLURM_NODEID": "0",
+               "SLURM_NNODES": str(count), "SLURM_JOB_NUM_NODES": str(count),
+               "SLURM_JOB_NODELIST": f"node[01-{count:02d}]", "SLURM_SUBMIT_DIR": submit,
+               "SLURM_NTASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "1",
+               "SLURMD_NODENAME": NODES[0]}
+        # The job's output in files, as sbatch's: a step the script leaves
+        # running holds them open, and must not hold the test too.
+        out_path, err_path = (os.path.join(self.base, f"job.{n}") for n in ("out", "err"))
+        started = time.monotonic()
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            batch = subprocess.Popen(self.nodes[0].argv(env, "bash", "job.sh", cwd=submit),
+                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        self.procs.append(batch)
+        try:
+            status = batch.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            status = None
+        took = time.monotonic() - started
+        # Slurm ends the job's steps when the script ends: tearDown kills
+        # what is left, which the script should have stopped itself.
+        left = [p.args[p.args.index("--") + 1:] for p in self.procs if p.poll() is None]
+        with open(out_path) as f_out, open(err_path) as f_err:
+            stdout, stderr = f_out.read(), f_err.read()
+        said = f"the job script's output:\n{stdout}\n{stderr}"
+        self.assertEqual(status, 0, f"the job script exited {status} after {took:.0f} s; {said}")
+        self.assertEqual(left, [], f"steps left running when the script ended; {said}")
+        print(f"the README's job script ran in {took:.1f} s", file=sys.stderr)
+        socket_path = f"/tmp/ckptd-slurm-{UID}-{self.JOB}/ckptd.sock"
+        self.assertIn(f"all {count} nodes' daemons answer", stdout + stderr, said)
+        for rank in range(count):
+            self.assertIn(f"train.py: rank {rank} of {count}, node {rank}: step-7 saved and "
+                          f"restored through {socket_path}", stdout, said)
+        self.assertEqual((stdout + stderr).count("drained and exited"), count, said)
+        checkpoint = os.path.join(home, "ckpt", "readme-slurm", "step-7")
+        manifests = sorted(n for n in os.listdir(checkpoint) if n.endswith(".manifest"))
+        self.assertEqual(manifests, [f"node-{i:04d}.manifest" for i in range(count)])
+        self.assertTrue(os.path.exists(os.path.join(checkpoint, "COMMIT")))
+        self.assertEqual(uid_daemons(), [])
+        self.assertEqual([n for n in os.listdir(submit) if n.startswith(".ckptd-slurm")], [])
+        for top, dirs, files in os.walk(os.path.join(home, "ckpt")):
+            for name in [top] + [os.path.join(top, f) for f in dirs + files]:
+                self.assertEqual(os.lstat(name).st_uid, UID, name)
 
 
 class SlurmLauncherTest(unittest.TestCase):
@@ -222,18 +546,7 @@ class SlurmLauncherTest(unittest.TestCase):
         return os.path.join(node.tmp, f"ckptd-slurm-{UID}-{JOB}")
 
     def uid_daemons(self):
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/comm") as f:
-                    comm = f.read().strip()
-                if comm == "ckptd" and os.stat(f"/proc/{entry}").st_uid == UID:
-                    pids.append(int(entry))
-            except OSError:
-                pass
-        return pids
+        return uid_daemons()
 
     def test_three_nodes(self):
         n1, n2, n3 = self.nodes
