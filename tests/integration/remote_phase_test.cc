@@ -3,9 +3,14 @@
 // COMMITTED the stream goes on while the checkpoint's upload runs, and
 // ends with REMOTE_COMMITTED, or REMOTE_FAILED and the reason, while the
 // local commit stands. The remote tier is a directory: no S3 server.
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -94,6 +99,37 @@ TEST_CASE("with --remote, a remote phase that fails ends the save's progress wit
   INFO(loaded.status().ToString());
   REQUIRE(loaded.ok());
   CHECK(rank.Holds(1));
+}
+
+TEST_CASE("with --remote, a daemon stopped while a save's remote phase runs ends it "
+          "REMOTE_FAILED, saying so, and exits without waiting for the upload",
+          "[integration][remote][remote_phase]") {
+  TempDir remote;
+  // 8 MiB at 1 MiB/s: the upload would take about 7 s.
+  DaemonProcess daemon({"--remote", remote.path(), "--remote_max_bytes_per_second",
+                        std::to_string(1 << 20)});
+  TestRank rank(daemon.socket(), "job", 8, 1 << 20);
+  rank.Fill(1);
+  auto save = rank.client().Save(rank.SaveRequestFor("step-1"));
+  REQUIRE(save.ok());
+  REQUIRE((*save)->WaitCommitted().ok());
+  REQUIRE((*save)->progress().remote_phase() == v1::PHASE_REMOTE_UPLOADING);
+  const auto stopped = std::chrono::steady_clock::now();
+  REQUIRE(kill(daemon.pid(), SIGTERM) == 0);
+
+  const absl::StatusOr<v1::RemoteUpload> upload = (*save)->WaitRemoteCommitted(kWait);
+  REQUIRE_FALSE(upload.ok());
+  INFO(upload.status().ToString());
+  CHECK(upload.status().code() == absl::StatusCode::kAborted);
+  CHECK(absl::StrContains(upload.status().message(), "stopping"));
+  CHECK((*save)->progress().remote_phase() == v1::PHASE_REMOTE_FAILED);
+  const std::optional<int> exit = daemon.WaitForExit(30'000);
+  REQUIRE(exit.has_value());
+  CHECK(WIFEXITED(*exit));
+  CHECK(WEXITSTATUS(*exit) == 0);
+  CHECK(std::chrono::steady_clock::now() - stopped < std::chrono::seconds(5));
+  CHECK(fs::exists(fs::path(daemon.root()) / "job" / "step-1" / "COMMIT"));
+  CHECK_FALSE(fs::exists(fs::path(remote.path()) / "job" / "step-1" / "COMMIT"));
 }
 
 TEST_CASE("without a remote tier a save's progress ends at COMMITTED with no remote phase",
