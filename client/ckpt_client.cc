@@ -526,6 +526,7 @@ void SaveHandle::Follow() {
   v1::WatchSaveRequest request;
   request.set_session_token(token_);
   request.set_save_id(id_);
+  request.set_follow_remote(true);  // an older daemon ignores it
   auto reader = stub_->WatchSave(&context_, request);
   v1::SaveProgress progress;
   // Waiters Await conditions on these fields: absl::Mutex re-evaluates them
@@ -541,6 +542,11 @@ void SaveHandle::Follow() {
     stream_error_ = status.ok()
                         ? absl::UnavailableError("progress stream ended early")
                         : FromGrpc(status, "WatchSave");
+  } else if (RemotePhasePending(progress_)) {
+    remote_stream_error_ =
+        status.ok() ? absl::UnavailableError(
+                          "progress stream ended before the remote phase did")
+                    : FromGrpc(status, "WatchSave");
   }
 }
 
@@ -597,6 +603,35 @@ absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
   return absl::OkStatus();
 }
 absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); }
+
+absl::StatusOr<v1::RemoteUpload> SaveHandle::WaitRemoteCommitted(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  RETURN_IF_ERROR(WaitFor(v1::PHASE_COMMITTED, /*enqueued=*/false, timeout));
+  // COMMITTED came with its remote phase, if it has one.
+  const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ended_ || !RemotePhasePending(progress_);
+  };
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("save ", id_, " of ", progress_.checkpoint(),
+                     " is not committed in the remote tier yet"));
+  }
+  switch (progress_.remote_phase()) {
+    case v1::PHASE_REMOTE_COMMITTED:
+      return progress_.remote_upload();
+    case v1::PHASE_REMOTE_FAILED:
+      return absl::AbortedError(absl::StrCat("the upload of ", progress_.job(), "/",
+                                             progress_.checkpoint(),
+                                             " to the remote tier failed: ",
+                                             progress_.remote_reason()));
+    case v1::PHASE_REMOTE_UPLOADING:
+      return remote_stream_error_;
+    default:
+      return absl::NotFoundError(absl::StrCat("save ", id_, " of ", progress_.checkpoint(),
+                                              " committed with no remote phase"));
+  }
+}
 
 TrainerGpu::StagedWait SaveHandle::RelayAfter(const std::string& uuid) {
   using Kind = TrainerGpu::StagedWait::Kind;

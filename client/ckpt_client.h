@@ -144,7 +144,9 @@ struct GpuRegistration {
 };
 
 // One rank's in-flight save. A background thread, started on first use (so
-// the save call itself stays cheap), follows the daemon's progress stream.
+// the save call itself stays cheap), follows the daemon's progress stream,
+// past COMMITTED while the checkpoint's remote phase runs (WatchSaveRequest.
+// follow_remote; the daemon ends that phase within its upload timeout).
 // Borrows the Client's stub: a SaveHandle must not outlive its Client.
 class SaveHandle {
  public:
@@ -177,6 +179,16 @@ class SaveHandle {
   absl::Status WaitStagedOnStream(GpuStreamHandle stream);
   // Blocks until the checkpoint is committed, or fails.
   absl::Status WaitCommitted();
+  // The remote phase, from the progress stream: waits up to `timeout`
+  // until the checkpoint is committed in the daemon's remote tier too
+  // (--remote) and returns this node's upload of it. Aborted with the
+  // daemon's reason (the node, the object, the server's answer) if the
+  // remote phase failed (the local commit stands); the save's own error
+  // if it failed; NotFound if it committed with no remote phase (a daemon
+  // without a remote tier, or one older than the remote phase:
+  // Client::WaitRemoteCommitted asks it instead); DeadlineExceeded after
+  // `timeout` (the remote phase goes on).
+  absl::StatusOr<v1::RemoteUpload> WaitRemoteCommitted(absl::Duration timeout);
   // The latest progress seen.
   v1::SaveProgress progress();
   // Cancels the whole checkpoint this save belongs to.
@@ -224,6 +236,8 @@ class SaveHandle {
   absl::Mutex mu_;
   v1::SaveProgress progress_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_error_ ABSL_GUARDED_BY(mu_);
+  // The stream ended while the remote phase was pending (the daemon went).
+  absl::Status remote_stream_error_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 

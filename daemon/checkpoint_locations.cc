@@ -140,22 +140,4 @@ absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* 
   return failed;
 }
 
-void FillRemoteUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {
-  upload->set_job(p.job);
-  upload->set_checkpoint(p.checkpoint);
-  upload->set_state(std::string(RemoteStateName(p.state)));
-  upload->set_bytes_total(p.bytes_total);
-  upload->set_bytes_uploaded(p.bytes_uploaded);
-  upload->set_files_total(p.files_total);
-  upload->set_files_uploaded(p.files_uploaded);
-  upload->set_error(p.error);
-  upload->set_queued_unix_micros(absl::ToUnixMicros(p.queued_at));
-  if (p.started_at != absl::InfinitePast()) {
-    upload->set_started_unix_micros(absl::ToUnixMicros(p.started_at));
-  }
-  if (p.ended_at != absl::InfinitePast()) {
-    upload->set_ended_unix_micros(absl::ToUnixMicros(p.ended_at));
-  }
-}
-
 }  // namespace ckpt

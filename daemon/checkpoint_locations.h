@@ -35,7 +35,4 @@ absl::Status AddCheckpointLocations(const MemoryTier* memory, const RemoteTier* 
                                     const std::function<bool(const std::string&)>& shows,
                                     std::vector<v1::CheckpointInfo>* list);
 
-// An upload's progress as the list and DaemonStatus carry it.
-void FillRemoteUpload(const RemoteProgress& progress, v1::RemoteUpload* upload);
-
 }  // namespace ckpt

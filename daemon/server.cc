@@ -323,6 +323,10 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   notifier.Status("stopping: shutting down");
 
   connections->Stop();  // no connection is added to a server shutting down
+  // The upload in progress fails ("daemon stopping", the local copy kept;
+  // the next start resumes it) and its saves' remote phase ends with it,
+  // so that no progress stream following it waits out the grace below.
+  if (remote != nullptr) remote->Stop();
   // Waits for in-flight RPCs, loads included; the progress streams end as
   // every save has reached a final phase. Past the deadline (an attempt
   // left to its worker that waits for other nodes, CancelAll says which)
@@ -338,7 +342,6 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
   saves->StopWatching();
   workers.reset();
   saves.reset();
-  if (remote != nullptr) remote->Stop();
   metrics.reset();  // its final write: every save has ended by now
   return absl::OkStatus();
 }

@@ -166,10 +166,12 @@ uint64_t PeakRssBytes() {
 }
 
 // Streams a save's progress: one message per published version, until a
-// final phase. The coordinator calls back when a newer version exists, so
-// no thread waits. The callback may come after the reactor is gone (OnDone
-// deletes it), so what it touches lives in a State shared with it; the
-// State's lock orders callbacks against Finish and OnDone.
+// final phase; with follow_remote, past COMMITTED until the remote phase
+// begun with it ends (common/save_phase.h). The coordinator calls back
+// when a newer version exists, so no thread waits. The callback may come
+// after the reactor is gone (OnDone deletes it), so what it touches lives
+// in a State shared with it; the State's lock orders callbacks against
+// Finish and OnDone.
 //
 // Holding the lock across StartWrite and Finish is safe: gRPC runs no
 // reaction inline in them (OnWriteDone and OnDone are always dispatched to
@@ -177,8 +179,11 @@ uint64_t PeakRssBytes() {
 class WatchReactor final : public grpc::ServerWriteReactor<v1::SaveProgress> {
  public:
   WatchReactor(SaveCoordinator* saves, std::shared_ptr<Session> session,
-               uint64_t save_id)
-      : saves_(saves), session_(std::move(session)), save_id_(save_id) {
+               uint64_t save_id, bool follow_remote)
+      : saves_(saves),
+        session_(std::move(session)),
+        save_id_(save_id),
+        follow_remote_(follow_remote) {
     {
       absl::MutexLock lock(&state_->mu);
       state_->reactor = this;
@@ -227,12 +232,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SaveProgress> {
   void Next(uint64_t after) {
     absl::Status status = saves_->WatchNext(
         *session_, save_id_, after,
-        [state = state_](const v1::SaveProgress& progress, uint64_t version) {
+        [state = state_, follow_remote = follow_remote_](const v1::SaveProgress& progress,
+                                                         uint64_t version) {
           absl::MutexLock lock(&state->mu);
           if (state->reactor == nullptr || state->finished) return;
           state->message = progress;
           state->version = version;
-          state->final = IsFinalPhase(progress.phase());
+          state->final = IsFinalPhase(progress.phase()) &&
+                         !(follow_remote && RemotePhasePending(progress));
           state->reactor->StartWrite(&state->message);
         });
     if (!status.ok()) FinishOnce(ToGrpcStatus(status));
@@ -251,6 +258,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::SaveProgress> {
   SaveCoordinator* const saves_;
   const std::shared_ptr<Session> session_;
   const uint64_t save_id_;
+  const bool follow_remote_;
   const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
@@ -397,7 +405,7 @@ grpc::ServerWriteReactor<v1::SaveProgress>* CkptdService::WatchSave(
     };
     return new Failed(session.status());
   }
-  return new WatchReactor(c_.saves, *session, request->save_id());
+  return new WatchReactor(c_.saves, *session, request->save_id(), request->follow_remote());
 }
 
 grpc::ServerUnaryReactor* CkptdService::Cancel(

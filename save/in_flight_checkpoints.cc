@@ -292,13 +292,14 @@ InFlightCheckpoints::WaitingForNodes(
 }
 
 std::optional<InFlightCheckpoints::Retired> InFlightCheckpoints::Commit(
-    const CheckpointAttempt& checkpoint, ListenerCalls* out) {
+    const CheckpointAttempt& checkpoint, bool remote_follows, ListenerCalls* out) {
   absl::MutexLock lock(&mu_);
   auto it = FindLocked(checkpoint);
   if (it == entries_.end() || it->second.final_phase != v1::PHASE_UNSPECIFIED) {
     return std::nullopt;
   }
-  PublishPhaseLocked(it->second, v1::PHASE_COMMITTED, out);
+  PublishPhaseLocked(it->second, v1::PHASE_COMMITTED, out,
+                     remote_follows ? v1::PHASE_REMOTE_UPLOADING : v1::PHASE_UNSPECIFIED);
   it->second.final_phase = v1::PHASE_COMMITTED;
   return MaybeRetireLocked(it);
 }
@@ -521,13 +522,14 @@ InFlightCheckpoints::Entries::iterator InFlightCheckpoints::FindLocked(
 }
 
 void InFlightCheckpoints::PublishPhaseLocked(Entry& entry, v1::Phase phase,
-                                             ListenerCalls* out) {
+                                             ListenerCalls* out, v1::Phase remote_phase) {
   const int64_t now = NowMicros();
   for (const auto& [rank, part] : entry.parts) {
     board_->Update(
         part->id, /*force=*/true,
         [&](v1::SaveProgress& p) {
           p.set_phase(phase);
+          if (remote_phase != v1::PHASE_UNSPECIFIED) p.set_remote_phase(remote_phase);
           if (phase == v1::PHASE_DURABLE) p.set_durable_unix_micros(now);
           if (phase == v1::PHASE_COMMITTED) p.set_committed_unix_micros(now);
         },
@@ -565,6 +567,7 @@ InFlightCheckpoints::MaybeRetireLocked(Entries::iterator it) {
   for (const auto& [rank, part] : entry.parts) {
     for (const PlannedFile& f : part->tensors->plan.files)
       retired.files.push_back(f.name);
+    retired.save_ids.push_back(part->id);
     parts_.erase(part->id);
   }
   if (entry.final_phase == v1::PHASE_COMMITTED) {

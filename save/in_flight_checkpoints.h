@@ -86,6 +86,7 @@ class InFlightCheckpoints {
     v1::Phase phase = v1::PHASE_UNSPECIFIED;
     Files files_action = Files::kKeep;
     std::vector<std::string> files;  // this node's data files
+    std::vector<uint64_t> save_ids;  // its parts', by rank
   };
 
   // A rank's part as Submit validated it.
@@ -139,10 +140,13 @@ class InFlightCheckpoints {
 
   // COMMIT is written: every part becomes COMMITTED and the attempt leaves
   // the set before any listener hears of it, so a client that saw
-  // COMMITTED never finds the save still in flight. Nullopt if it had
-  // already ended.
+  // COMMITTED never finds the save still in flight. With `remote_follows`
+  // (the daemon has a remote tier) the same message starts the remote
+  // phase (PHASE_REMOTE_UPLOADING), so that a watcher following it knows
+  // at COMMITTED that one more message comes. Nullopt if it had already
+  // ended.
   std::optional<Retired> Commit(const CheckpointAttempt& checkpoint,
-                                ListenerCalls* out);
+                                bool remote_follows, ListenerCalls* out);
 
   // Ends the attempt FAILED with `reason`, unless it already ended.
   // `manifest_unused`: no node can commit with this node's manifest any
@@ -235,8 +239,10 @@ class InFlightCheckpoints {
   // The entry of this very attempt (not a later one of the same name).
   Entries::iterator FindLocked(const CheckpointAttempt& checkpoint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every part gets `phase`, stamped now where the phase has a time field.
-  void PublishPhaseLocked(Entry& entry, v1::Phase phase, ListenerCalls* out)
+  // Every part gets `phase`, stamped now where the phase has a time field,
+  // and `remote_phase` unless it is PHASE_UNSPECIFIED.
+  void PublishPhaseLocked(Entry& entry, v1::Phase phase, ListenerCalls* out,
+                          v1::Phase remote_phase = v1::PHASE_UNSPECIFIED)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the attempt ended and cancels its parts.
   void EndLocked(Entry& entry, v1::Phase phase, std::string reason,

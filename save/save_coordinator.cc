@@ -85,7 +85,7 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},
-              store, pool, tier, &board_, file_ops),
+              store, pool, tier, board_.get(), file_ops),
       watcher_(kCommitPollInterval) {}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
@@ -246,7 +246,7 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
   ListenerCalls calls;
   std::optional<Retired> retired;
   if (committed.ok() && *committed) {
-    retired = checkpoints_.Commit(*cp, &calls);
+    retired = checkpoints_.Commit(*cp, /*remote_follows=*/remote_ != nullptr, &calls);
   } else if (!committed.ok()) {
     DaemonMetrics::Get().CountError(committed.status());
     // A node that alone commits (one node) knows nobody else writes this
@@ -277,8 +277,10 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
   calls.Run();
   const bool committed_here =
       retired.has_value() && retired->phase == v1::PHASE_COMMITTED;
+  std::vector<uint64_t> save_ids;
+  if (committed_here) save_ids = retired->save_ids;
   FinishRetirement(std::move(retired));
-  if (committed_here) AfterCommit(*cp);
+  if (committed_here) AfterCommit(*cp, std::move(save_ids));
   return true;
 }
 
@@ -306,7 +308,8 @@ bool SaveCoordinator::WithdrawFailedCommit(const CheckpointAttempt& cp) {
   return withdrawn.ok();
 }
 
-void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
+void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp,
+                                  std::vector<uint64_t> save_ids) {
   // Read before the line is written: once a reader sees the line, a keep_last
   // changed since applies from the next commit on.
   const uint32_t keep_last = keep_last_.load();
@@ -321,12 +324,28 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   // the commit seldom has to pin the images itself (MemoryTier::Find).
   tier_->Pin(cp.job, cp.name);
   // Before retention: the upload leases the checkpoint, so that its local
-  // files stay until its remote commit has ended.
+  // files stay until its remote commit has ended. The parts' remote phase,
+  // begun with COMMITTED, ends with the upload (or now, if it cannot be
+  // queued): the last step of the saves' progress.
   if (remote_ != nullptr) {
-    absl::Status queued = remote_->Enqueue(cp.job, cp.name);
+    // The callback holds the board, not this coordinator: a daemon that
+    // returns early destroys the coordinator before the tier.
+    absl::Status queued = remote_->Enqueue(
+        cp.job, cp.name, [board = board_, save_ids](const RemoteProgress& upload) {
+          EndRemotePhase(*board, save_ids, upload);
+        });
     if (!queued.ok()) {
       LogWarning(LogFields().Job(cp.job).Checkpoint(cp.name),
                  "not copied to the remote tier: ", queued.ToString());
+      RemoteProgress refused;
+      refused.job = cp.job;
+      refused.checkpoint = cp.name;
+      refused.state = RemoteState::kFailed;
+      refused.error = absl::StrCat("node ", options_.node_id, ": not copied to the remote tier: ",
+                                   queued.message());
+      refused.queued_at = refused.ended_at = absl::Now();
+      refused.started_at = absl::InfinitePast();
+      EndRemotePhase(*board_, save_ids, refused);
     }
   }
   // Only now is there a newer committed checkpoint to make room for.
@@ -336,6 +355,28 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp) {
   } else {
     for (const std::string& name : *deleted) tier_->Drop(cp.job, name);
   }
+}
+
+void SaveCoordinator::EndRemotePhase(SaveProgressBoard& board,
+                                     const std::vector<uint64_t>& save_ids,
+                                     const RemoteProgress& upload) {
+  const bool committed = upload.state == RemoteState::kCommitted;
+  ListenerCalls calls;
+  for (uint64_t id : save_ids) {
+    board.Update(
+        id, /*force=*/true,
+        [&](v1::SaveProgress& p) {
+          p.set_remote_phase(committed ? v1::PHASE_REMOTE_COMMITTED : v1::PHASE_REMOTE_FAILED);
+          if (committed) {
+            p.set_remote_committed_unix_micros(absl::ToUnixMicros(upload.ended_at));
+          } else {
+            p.set_remote_reason(upload.error);
+          }
+          FillRemoteUpload(upload, p.mutable_remote_upload());
+        },
+        &calls);
+  }
+  calls.Run();
 }
 
 std::vector<std::string> SaveCoordinator::CancelAll(absl::string_view reason) {
@@ -383,7 +424,7 @@ void SaveCoordinator::FinishRetirement(std::optional<Retired> retired) {
 absl::Status SaveCoordinator::WatchNext(const Session& session,
                                         uint64_t save_id, uint64_t after,
                                         Listener listener) {
-  return board_.WatchNext(session.id(), save_id, after, std::move(listener));
+  return board_->WatchNext(session.id(), save_id, after, std::move(listener));
 }
 
 absl::StatusOr<uint32_t> SaveCoordinator::CancelSave(const Session& session,

@@ -101,7 +101,7 @@ class SaveCoordinator {
                                             absl::string_view checkpoint);
 
   // Progress of every part not yet in a final phase.
-  std::vector<v1::SaveProgress> InFlight() const { return board_.InFlight(); }
+  std::vector<v1::SaveProgress> InFlight() const { return board_->InFlight(); }
 
   // Tensor bytes written to data files since start (headers excluded).
   uint64_t tensor_bytes_written() const {
@@ -165,8 +165,16 @@ class SaveCoordinator {
   // The attempt's local-ranks deadline (InFlightCheckpoints::
   // ExpireMissingRanks); true once no further check is needed.
   bool CheckLocalRanks(const std::shared_ptr<CheckpointAttempt>& checkpoint);
-  // After commit: retention, and the memory tier's images made readable.
-  void AfterCommit(const CheckpointAttempt& checkpoint);
+  // After commit: retention, the memory tier's images made readable, and
+  // the upload to the remote tier queued; `save_ids` are the parts, whose
+  // remote phase the upload's end ends.
+  void AfterCommit(const CheckpointAttempt& checkpoint, std::vector<uint64_t> save_ids);
+  // The remote phase of parts `save_ids` ended as `upload` did (the remote
+  // tier's callback, on its thread; or AfterCommit, if the upload could
+  // not be queued): published on `board` as REMOTE_COMMITTED or
+  // REMOTE_FAILED.
+  static void EndRemotePhase(SaveProgressBoard& board, const std::vector<uint64_t>& save_ids,
+                             const RemoteProgress& upload);
   // After a failed COMMIT write of a single-node job: removes a COMMIT the
   // write left in place; true once none is there (durably).
   bool WithdrawFailedCommit(const CheckpointAttempt& checkpoint);
@@ -186,8 +194,10 @@ class SaveCoordinator {
   RemoteTier* const remote_;
   FileOps& file_ops_;
   CommitProtocol commit_;
-  SaveProgressBoard board_;
-  InFlightCheckpoints checkpoints_{&board_};
+  // Shared with the remote tier's callbacks (EndRemotePhase), which may
+  // outlive this coordinator.
+  const std::shared_ptr<SaveProgressBoard> board_ = std::make_shared<SaveProgressBoard>();
+  InFlightCheckpoints checkpoints_{board_.get()};
   OpenSessions open_sessions_;
   PartWriter writer_;
   // Last: destroyed first, so no retry runs against the members above.

@@ -175,7 +175,10 @@ void SaveProgressBoard::PruneLocked() {
   for (auto it = entries_.begin(); it != entries_.end();) {
     const v1::SaveProgress& progress = it->second.progress;
     const bool old = progress.accepted_unix_micros() < cutoff;
-    if (IsFinalPhase(progress.phase()) && (old || ended > kMaxEndedParts)) {
+    // A part whose remote phase runs keeps its watchers waiting for the
+    // outcome; the remote tier ends that phase within its upload timeout.
+    if (IsFinalPhase(progress.phase()) && !RemotePhasePending(progress) &&
+        (old || ended > kMaxEndedParts)) {
       it = entries_.erase(it);
       --ended;
     } else {

@@ -7,7 +7,9 @@
 // newer version is published. Phase changes are published at once; byte
 // counters at most every 200 ms, so a fast save does not flood its watchers.
 // An ended part stays on the board for 10 minutes (at most 4096 ended parts)
-// so a watcher that arrives late still learns how the save ended.
+// so a watcher that arrives late still learns how the save ended; a
+// committed part whose remote phase still runs (RemotePhasePending,
+// common/save_phase.h) stays at least until that phase ends.
 //
 // Listeners are never called under a lock: the mutating methods collect the
 // calls in a ListenerCalls, which the caller makes with Run() once it holds

@@ -106,27 +106,49 @@ void RemoteTier::Stop() {
     stopped_ = true;
     stopping_.store(true);
   }
-  absl::MutexLock lock(&join_mu_);
-  if (thread_.joinable()) thread_.join();
-  absl::MutexLock queue_lock(&mu_);
-  queue_.clear();  // their leases go with them
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<std::pair<RemoteProgress, std::vector<UploadEnded>>> dropped;
+  {
+    absl::MutexLock queue_lock(&mu_);
+    for (const auto& upload : queue_) {
+      const RemoteProgress& p = upload->progress;
+      std::vector<UploadEnded> ended = EndLocked(
+          *upload, absl::CancelledError(absl::StrCat(
+                       "node ", options_.node_id, ": the daemon stopped before the upload of ",
+                       p.job, "/", p.checkpoint, " began; the local copy stays committed, and "
+                       "the daemon's next start resumes it")));
+      dropped.emplace_back(upload->progress, std::move(ended));
+    }
+    queue_.clear();
+  }
+  for (const auto& [progress, ended] : dropped) {
+    for (const UploadEnded& call : ended) call(progress);
+  }
 }
 
-absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint) {
+absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint,
+                                 UploadEnded ended) {
   absl::MutexLock lock(&mu_);
-  return EnqueueLocked(job, checkpoint, /*resumed=*/false);
+  return EnqueueLocked(job, checkpoint, /*resumed=*/false, std::move(ended));
 }
 
 absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string& checkpoint,
-                                       bool resumed) {
+                                       bool resumed, UploadEnded ended) {
   if (stopped_) {
     return absl::FailedPreconditionError("the remote tier is stopping");
   }
-  if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
+  auto join = [&](Upload& upload) {
+    if (ended) upload.ended.push_back(std::move(ended));
     return absl::OkStatus();
+  };
+  if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
+    return join(*running_);
   }
   for (const auto& queued : queue_) {
-    if (Same(queued->progress, job, checkpoint)) return absl::OkStatus();
+    if (Same(queued->progress, job, checkpoint)) return join(*queued);
   }
   if (queue_.size() >= options_.max_queued) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -142,8 +164,20 @@ absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string
   upload->progress.queued_at = absl::Now();
   upload->progress.started_at = absl::InfinitePast();
   upload->progress.ended_at = absl::InfinitePast();
+  if (ended) upload->ended.push_back(std::move(ended));
   queue_.push_back(std::move(upload));
   return absl::OkStatus();
+}
+
+std::vector<RemoteTier::UploadEnded> RemoteTier::EndLocked(Upload& upload,
+                                                          const absl::Status& status) {
+  upload.progress.state = status.ok() ? RemoteState::kCommitted : RemoteState::kFailed;
+  if (!status.ok()) upload.progress.error = std::string(status.message());
+  upload.progress.ended_at = absl::Now();
+  // The lease goes before the end is seen: once WaitFor says ended (or a
+  // callback hears it), local retention may take the checkpoint.
+  upload.lease.reset();
+  return std::exchange(upload.ended, {});
 }
 
 void RemoteTier::ResumeUnfinished() {
@@ -313,18 +347,15 @@ void RemoteTier::Run() {
       LogError(LogFields().Job(p.job).Checkpoint(p.checkpoint).Set("node", options_.node_id),
                "remote tier: ", status.ToString(), " (the local copy stays committed)");
     }
+    std::vector<UploadEnded> ended;
     {
       absl::MutexLock lock(&mu_);
-      upload->progress.state = status.ok() ? RemoteState::kCommitted : RemoteState::kFailed;
-      if (!status.ok()) upload->progress.error = std::string(status.message());
-      upload->progress.ended_at = absl::Now();
-      // The lease goes before the end is seen: once WaitFor says ended,
-      // local retention may take the checkpoint.
-      upload->lease.reset();
+      ended = EndLocked(*upload, status);
       finished_.push_back(upload->progress);
       while (finished_.size() > options_.history) finished_.pop_front();
       running_ = nullptr;
     }
+    for (const UploadEnded& call : ended) call(upload->progress);
   }
 }
 
@@ -641,6 +672,24 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
                                             delete done;
                                             release();
                                           });
+}
+
+void FillRemoteUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {
+  upload->set_job(p.job);
+  upload->set_checkpoint(p.checkpoint);
+  upload->set_state(std::string(RemoteStateName(p.state)));
+  upload->set_bytes_total(p.bytes_total);
+  upload->set_bytes_uploaded(p.bytes_uploaded);
+  upload->set_files_total(p.files_total);
+  upload->set_files_uploaded(p.files_uploaded);
+  upload->set_error(p.error);
+  upload->set_queued_unix_micros(absl::ToUnixMicros(p.queued_at));
+  if (p.started_at != absl::InfinitePast()) {
+    upload->set_started_unix_micros(absl::ToUnixMicros(p.started_at));
+  }
+  if (p.ended_at != absl::InfinitePast()) {
+    upload->set_ended_unix_micros(absl::ToUnixMicros(p.ended_at));
+  }
 }
 
 }  // namespace ckpt

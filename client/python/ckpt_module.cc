@@ -204,7 +204,24 @@ py::dict ToDict(const ckpt::v1::SaveProgress& p) {
   d["total_bytes"] = p.total_bytes();
   d["bytes_staged"] = p.bytes_staged();
   d["bytes_written"] = p.bytes_written();
+  // The remote tier's phase after COMMITTED ("REMOTE_UPLOADING",
+  // "REMOTE_COMMITTED", "REMOTE_FAILED"; "" if none), and why it failed.
+  const std::string& remote = ckpt::v1::Phase_Name(p.remote_phase());
+  d["remote_phase"] =
+      p.remote_phase() == ckpt::v1::PHASE_UNSPECIFIED ? "" : remote.substr(remote.find('_') + 1);
+  d["remote_reason"] = p.remote_reason();
   return d;
+}
+
+// A remote-tier upload as remote_completion's result.
+py::dict UploadDict(const ckpt::v1::RemoteUpload& u) {
+  py::dict out;
+  out["checkpoint"] = u.checkpoint();
+  out["state"] = u.state();
+  out["bytes_total"] = u.bytes_total();
+  out["files_total"] = u.files_total();
+  out["seconds"] = static_cast<double>(u.ended_unix_micros() - u.queued_unix_micros()) / 1e6;
+  return out;
 }
 
 class PySaveHandle {
@@ -233,6 +250,26 @@ class PySaveHandle {
       status = handle_->WaitStagedOnStream(reinterpret_cast<ckpt::GpuStreamHandle>(stream));
     }
     Check(status);
+  }
+  // ckpt::SaveHandle::WaitRemoteCommitted, in slices (Ctrl-C stays
+  // possible): the upload as a dict once the remote phase committed;
+  // None if the save committed with no remote phase (the caller asks the
+  // daemon, Client.wait_remote_committed); raises if it failed.
+  py::object WaitRemoteCommitted(double timeout_s) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+    for (;;) {
+      absl::StatusOr<ckpt::v1::RemoteUpload> upload;
+      {
+        py::gil_scoped_release release;
+        upload = handle_->WaitRemoteCommitted(
+            std::max(absl::ZeroDuration(), std::min(kWaitSlice, deadline - absl::Now())));
+      }
+      if (absl::IsNotFound(upload.status())) return py::none();
+      if (!absl::IsDeadlineExceeded(upload.status()) || absl::Now() >= deadline) {
+        return UploadDict(Value(std::move(upload)));
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
   }
   py::dict Progress() { return ToDict(handle_->progress()); }
   ckpt::SaveHandle* get() const { return handle_.get(); }
@@ -529,14 +566,7 @@ class PyClient {
         Interruptibly([&](ckpt::CallCanceller* c) {
           return client_->WaitRemoteCommitted(checkpoint, absl::Seconds(timeout_s), c);
         });
-    const ckpt::v1::RemoteUpload u = Value(std::move(upload));
-    py::dict out;
-    out["checkpoint"] = u.checkpoint();
-    out["state"] = u.state();
-    out["bytes_total"] = u.bytes_total();
-    out["files_total"] = u.files_total();
-    out["seconds"] = static_cast<double>(u.ended_unix_micros() - u.queued_unix_micros()) / 1e6;
-    return out;
+    return UploadDict(Value(std::move(upload)));
   }
 
   // `checkpoint`: only that name and its generations ("" for all).
@@ -594,6 +624,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("id", &PySaveHandle::id)
       .def("wait_staged", &PySaveHandle::WaitStaged)
       .def("wait_committed", &PySaveHandle::WaitCommitted)
+      .def("wait_remote_committed", &PySaveHandle::WaitRemoteCommitted, py::arg("timeout_s"))
       .def("cancel", &PySaveHandle::Cancel)
       .def("wait_staged_on_stream", &PySaveHandle::WaitStagedOnStream, py::arg("stream"))
       .def("progress", &PySaveHandle::Progress);

@@ -109,6 +109,29 @@ class RemoteTierTest(unittest.TestCase):
         finally:
             replacement.stop()
 
+    def test_a_failed_remote_phase_fails_remote_completion_with_its_reason_and_the_save_stays_committed(self):
+        # A file where the job's directory of the remote tier would go.
+        with open(os.path.join(self.remote, "rf"), "w") as f:
+            f.write("not a directory")
+        daemon = Daemon(flags=["--remote", self.remote])
+        try:
+            response = ckpt.async_save(state(4), checkpoint_id="step-4", job="rf",
+                                       socket=daemon.socket)
+            response.upload_completion.result(timeout=60)  # committed locally
+            error = response.remote_completion.exception(timeout=60)
+            self.assertIsInstance(error, ckptd.CkptdError)
+            self.assertIn("node 0", str(error))
+            self.assertIn(os.path.join(self.remote, "rf"), str(error))
+            progress = response.progress()
+            self.assertEqual(progress["phase"], "COMMITTED")
+            self.assertEqual(progress["remote_phase"], "REMOTE_FAILED")
+            self.assertIn("node 0", progress["remote_reason"])
+            got = zeros_like(state(4))
+            ckpt.load(got, checkpoint_id="step-4", job="rf", socket=daemon.socket)
+            self.assertTrue(torch.equal(got["model"]["w"], state(4)["model"]["w"]))
+        finally:
+            daemon.stop()
+
     def test_without_a_remote_tier_remote_completion_fails_saying_so(self):
         daemon = Daemon()
         try:

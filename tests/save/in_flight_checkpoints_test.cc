@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/save_phase.h"
 #include "plan/tensor_layout.h"
 #include "support/own_process_session.h"
 
@@ -244,7 +245,7 @@ TEST_CASE(
   CHECK_FALSE(heard);
 
   SaveProgressBoard::ListenerCalls calls;
-  const auto retired = f.set().Commit(*p0->checkpoint, &calls);
+  const auto retired = f.set().Commit(*p0->checkpoint, /*remote_follows=*/false, &calls);
   REQUIRE(retired.has_value());
   CHECK(retired->phase == v1::PHASE_COMMITTED);
   CHECK(retired->files_action == Retired::Files::kKeep);
@@ -252,6 +253,39 @@ TEST_CASE(
   CHECK(heard);
   CHECK_FALSE(still_in_flight);
   CHECK(commits_seen == 1);
+  CHECK(f.Progress(*p0).remote_phase() == v1::PHASE_UNSPECIFIED);
+}
+
+TEST_CASE(
+    "InFlightCheckpoints with a remote tier publishes COMMITTED and the remote "
+    "phase begun in one message, and the retired attempt names its parts",
+    "[in_flight_checkpoints]") {
+  Fixture f(2, 2);
+  const std::shared_ptr<SavePart> p0 = f.Add(0);
+  const std::shared_ptr<SavePart> p1 = f.Add(1);
+  REQUIRE_FALSE(f.Finish(*p0, absl::OkStatus()).node_durable);
+  REQUIRE(f.Finish(*p1, absl::OkStatus()).node_durable);
+  SaveProgressBoard::ListenerCalls durable;
+  REQUIRE(f.set().NodeDurable(*p0->checkpoint, &durable));
+  durable.Run();
+
+  std::vector<v1::SaveProgress> heard;
+  uint64_t version = 0;
+  f.Progress(*p0, &version);
+  REQUIRE(f.board()
+              .WatchNext(p0->session_id, p0->id, version,
+                         [&](const v1::SaveProgress& p, uint64_t) { heard.push_back(p); })
+              .ok());
+  SaveProgressBoard::ListenerCalls calls;
+  const auto retired = f.set().Commit(*p0->checkpoint, /*remote_follows=*/true, &calls);
+  calls.Run();
+  REQUIRE(retired.has_value());
+  CHECK(retired->save_ids == std::vector<uint64_t>{p0->id, p1->id});
+  REQUIRE(heard.size() == 1);
+  CHECK(heard[0].phase() == v1::PHASE_COMMITTED);
+  CHECK(heard[0].remote_phase() == v1::PHASE_REMOTE_UPLOADING);
+  CHECK(RemotePhasePending(heard[0]));
+  CHECK(f.Progress(*p1).remote_phase() == v1::PHASE_REMOTE_UPLOADING);
 }
 
 TEST_CASE(

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "bench/commit_scale_sim.h"
 #include "format/manifest_check.h"
 #include "storage/commit_protocol.h"
@@ -279,6 +280,87 @@ TEST_CASE("stopping the tier ends a running upload and drops the queue", "[remot
   CHECK(!tier->Enqueue(kJob, kCheckpoint).ok());
   tier.reset();
   CHECK(local.leases.ClaimForDeletion(kJob, kCheckpoint));
+}
+
+// What an upload's UploadEnded callbacks heard.
+struct Heard {
+  RemoteTier::UploadEnded Callback() {
+    return [this](const RemoteProgress& p) {
+      absl::MutexLock lock(&mu);
+      ends.push_back(p);
+    };
+  }
+  // The ends heard once there are `n` (fails after 30 s).
+  std::vector<RemoteProgress> Wait(size_t n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return ends.size() >= n; };
+    REQUIRE(mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30)));
+    return ends;
+  }
+  absl::Mutex mu;
+  std::vector<RemoteProgress> ends ABSL_GUARDED_BY(mu);
+};
+
+TEST_CASE("every callback handed to an upload, by its Enqueue or a later one while it runs, "
+          "hears once that it committed",
+          "[remote_tier]") {
+  LocalCheckpoint local(1);
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  RemoteTierOptions options = NodeOptions(0, 1);
+  options.max_bytes_per_second = 1 << 20;  // seconds: the second Enqueue joins it
+  RemoteTier tier(options, &local.store, nullptr, &local.leases, remote);
+  Heard heard;
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
+  const std::vector<RemoteProgress> ends = heard.Wait(2);
+  REQUIRE(ends.size() == 2);
+  for (const RemoteProgress& p : ends) {
+    INFO(p.error);
+    CHECK(p.state == RemoteState::kCommitted);
+    CHECK(p.bytes_uploaded == kFileSize);
+    CHECK(p.ended_at != absl::InfinitePast());
+  }
+  CHECK(tier.Progress().size() == 1);  // one upload
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(heard.Wait(2).size() == 2);  // and no more calls
+}
+
+TEST_CASE("a callback hears an upload's failure with its reason", "[remote_tier]") {
+  LocalCheckpoint local(1);
+  auto remote = std::make_shared<DeniedStore>();
+  RemoteTier tier(NodeOptions(0, 1), &local.store, nullptr, &local.leases, remote);
+  Heard heard;
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
+  const std::vector<RemoteProgress> ends = heard.Wait(1);
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0].state == RemoteState::kFailed);
+  CHECK(absl::StrContains(ends[0].error, "node 0"));
+  CHECK(absl::StrContains(ends[0].error, "403 AccessDenied"));
+}
+
+TEST_CASE("stopping the tier makes the callbacks of the running upload and of the queued "
+          "ones hear a failure before Stop returns",
+          "[remote_tier]") {
+  LocalCheckpoint local(2);
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  RemoteTier tier(NodeOptions(0, 2), &local.store, nullptr, &local.leases, remote);
+  Heard heard;
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());  // waits for node 1
+  REQUIRE(tier.Enqueue(kJob, "step-2", heard.Callback()).ok());     // queued behind it
+  absl::SleepFor(absl::Milliseconds(200));
+  tier.Stop();
+  std::vector<RemoteProgress> ends;
+  {
+    absl::MutexLock lock(&heard.mu);
+    ends = heard.ends;
+  }
+  REQUIRE(ends.size() == 2);
+  for (const RemoteProgress& p : ends) {
+    INFO(p.checkpoint << ": " << p.error);
+    CHECK(p.state == RemoteState::kFailed);
+    CHECK(absl::StrContains(p.error, "stop"));
+  }
+  CHECK(!tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
 }
 
 }  // namespace

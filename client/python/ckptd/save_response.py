@@ -29,7 +29,9 @@
   the daemon went away before the save finished (libckpt's progress stream
   ends when the daemon's process does).
 - remote_completion (made when first asked for) resolves once the
-  checkpoint is also committed in the daemon's remote tier (--remote).
+  checkpoint is also committed in the daemon's remote tier (--remote): the
+  save's remote phase, the last message of its progress stream
+  (PHASE_REMOTE_COMMITTED or PHASE_REMOTE_FAILED after COMMITTED).
 
 A SaveWatcher (one per Checkpointer, two threads started on its first save)
 waits on the daemon for the responses and resolves their futures: a thread
@@ -112,10 +114,16 @@ class AsyncSaveResponse:
     def _wait_remote(self) -> None:
         try:
             self.upload_completion.result()  # committed locally first
-            if self._connection is None:
+            if self._connection is None or self._handle is None:
                 raise errors.CkptdError("this save never reached a daemon")
-            result = self._connection.wait_remote_committed(
-                self.storage_name or self.checkpoint_id, self.REMOTE_TIMEOUT_S)
+            # The remote phase as the save's progress stream reports it.
+            result = self._handle.wait_remote_committed(self.REMOTE_TIMEOUT_S)
+            if result is None:
+                # Committed with no remote phase: a daemon without a remote
+                # tier (this says so), or one older than the remote phase
+                # (this follows its upload through its status).
+                result = self._connection.wait_remote_committed(
+                    self.storage_name or self.checkpoint_id, self.REMOTE_TIMEOUT_S)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             self._remote.set_exception(self._explain(e))
             return
