@@ -180,6 +180,45 @@ def replicated_state_rank(socket, store, rank, world, job):
         dist.destroy_process_group()
 
 
+def per_rank_plain_rank(socket, store, rank, world, job):
+    """Ranks that hold plain tensors under fqns of their own (so that every
+    save compares per-fqn descriptions, the exchange's detailed path) and
+    shared ones: each is saved, the shared ones once; a shared tensor
+    whose bytes differ on one rank fails the save on every rank naming its
+    fqn; the last good save loads back bit-exact."""
+    dist = _init(store, rank, world)
+    try:
+        g = torch.Generator().manual_seed(100 + rank)
+        own = {f"r{rank}.w{i}": torch.rand(16, 256, generator=g) for i in range(3)}
+        shared = torch.arange(64 * 256, dtype=torch.float32).reshape(64, 256)
+        sd = {"own": own, "shared": {"w": shared.clone(), "step": torch.tensor(3.0)}}
+        ckpt.save(sd, checkpoint_id="step-1", job=job, socket=socket)
+        for t in own.values():
+            t.add_(1.0)  # the plan is reused: described again from this memory
+        ckpt.save(sd, checkpoint_id="step-2", job=job, socket=socket)
+        want = {k: t.clone() for k, t in own.items()}
+
+        if rank == 1:
+            sd["shared"]["w"][63, 255] += 1.0
+        r = ckpt.async_save(sd, checkpoint_id="step-3", job=job, socket=socket)
+        try:
+            r.upload_completion.result()
+            raise AssertionError("a save whose shared tensor disagrees succeeded")
+        except ckpt.ReplicaMismatchError as e:
+            assert "'shared.w'" in str(e), str(e)
+
+        fresh = {"own": {k: torch.zeros(16, 256) for k in own},
+                 "shared": {"w": torch.zeros(64, 256), "step": torch.tensor(0.0)}}
+        name = ckpt.load(fresh, checkpoint_id="latest", job=job, socket=socket)
+        assert name == "step-2", name
+        for k, t in want.items():
+            assert torch.equal(fresh["own"][k], t), k
+        assert torch.equal(fresh["shared"]["w"], shared)
+        assert fresh["shared"]["step"].item() == 3.0
+    finally:
+        dist.destroy_process_group()
+
+
 def dtensor_plan_rank(socket, store, rank, world, job):
     """One rank with DTensors: the save plan is reused while every DTensor
     keeps its spec (or an equal one) and its local tensor's memory, and
@@ -462,6 +501,17 @@ class TorchApiTest(WithDaemon):
                                     torch.arange(40, dtype=torch.float32).reshape(10, 4)))
         self.assertEqual([c["checkpoint"] for c in client.list() if c["committed"]],
                          ["step-1"])
+
+    def test_plain_tensors_under_each_ranks_own_fqns_save_once_and_shared_ones_are_compared(self):
+        store = os.path.join(self.daemon.dir, "gloo-per-rank")
+        self.assertEqual(run_ranks(per_rank_plain_rank, 2, self.daemon.socket, store,
+                                   "per-rank"), [0, 0])
+        chunks = self.stored_chunks("per-rank", "step-2")
+        for rank in (0, 1):
+            for i in range(3):
+                self.assertEqual(chunks[f"own.r{rank}.w{i}"], [([0, 0], [16, 256])])
+        self.assertEqual(chunks["shared.w"], [([0, 0], [64, 256])])
+        self.assertEqual(chunks["shared.step"], [([], [])])
 
     def test_the_save_plan_is_reused_only_while_the_tensors_stay_where_they_were(self):
         job = "plan"
