@@ -86,9 +86,11 @@ void RaiseStatus(const StatusError& e) {
       break;
     case absl::StatusCode::kNotFound:
       // The daemon's words for a checkpoint it does not have
-      // (storage/checkpoint_store.cc); other NOT_FOUNDs name an item.
+      // (storage/checkpoint_store.cc), or no longer has: retention took it
+      // (storage/checkpoint_leases.cc); other NOT_FOUNDs name an item.
       if (message.find("does not exist or is not committed") != std::string::npos ||
-          message.find("has no committed checkpoint") != std::string::npos) {
+          message.find("has no committed checkpoint") != std::string::npos ||
+          message.find("is being deleted by retention") != std::string::npos) {
         cls = "CheckpointNotFound";
       }
       break;

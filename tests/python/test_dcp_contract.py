@@ -374,6 +374,33 @@ class OverwriteTest(unittest.TestCase):
         self.assertTrue(torch.all(sd["w"] == 3.0))
         self.assertEqual(ckpt.list_checkpoints(**kw), ["tick", "ck"])
 
+    def test_a_load_whose_generation_goes_between_its_two_requests_starts_again(self):
+        """A load reads the index, then the tensors; retention may delete the
+        generation in between (a newer one committed). The daemon refuses
+        the second request before writing a byte, and the load starts again
+        from the newest generation. The deletion is stood for by the first
+        tensors request failing as the daemon's would."""
+        kw = {"job": "replaced-mid-load", "socket": self.daemon.socket}
+        ckpt.save({"w": torch.full((8,), 1.0)}, checkpoint_id="ck", **kw)
+        ckpt.save({"w": torch.full((8,), 2.0)}, checkpoint_id="ck", **kw)
+        client = ckpt.checkpointer(kw["job"], self.daemon.socket, None).client
+        real, calls = client._load, []
+
+        def load_once_replaced(name, items, byte_items, allow_missing):
+            calls.append((name, bool(items)))
+            if items and sum(1 for _, with_items in calls if with_items) == 1:
+                raise ckpt.CheckpointNotFound(f"job has no committed checkpoint {name!r}")
+            return real(name, items, byte_items, allow_missing)
+        client._load = load_once_replaced
+        try:
+            sd = {"w": torch.zeros(8)}
+            self.assertEqual(ckpt.load(sd, checkpoint_id="ck", **kw), "ck")
+        finally:
+            del client._load
+        self.assertTrue(torch.all(sd["w"] == 2.0))
+        self.assertEqual(calls, [("ck~1", False), ("ck~1", True), ("ck~1", False),
+                                 ("ck~1", True)])
+
     def test_overwrite_false_refuses_a_taken_name_and_keeps_it(self):
         kw = {"job": "no-overwrite", "socket": self.daemon.socket}
         ckpt.save({"w": torch.full((8,), 1.0)}, checkpoint_id="ck", **kw)

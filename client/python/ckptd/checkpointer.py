@@ -140,6 +140,15 @@ def _describe_checked(t: torch.Tensor, dtype_name: str) -> tuple:
     return ("tensor", dtype_name, tuple(t.shape), _state_cache.digest_tensors([t]))
 
 
+class _Replaced(Exception):
+    """The checkpoint a load's index came from was deleted before its
+    tensors were read (Checkpointer._load_resolved tries again)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _dtensor_type():
     from torch.distributed.tensor import DTensor
     return DTensor
@@ -676,8 +685,22 @@ class Checkpointer:
 
     def _load_resolved(self, state_dict, checkpoint_id: str, allow_missing: bool) -> str:
         """load() into a state dict without Stateful objects; returns the
-        name of the generation loaded."""
+        name of the generation loaded. A load is two requests (the index,
+        then the tensors): a checkpoint that a newer generation replaced,
+        or that stopped being LATEST's, may be deleted between them; the
+        daemon then refuses the second before it writes any byte, and the
+        load starts again from the name's newest generation."""
         self._submitter.wait_idle()  # the client is not shared with the submit thread
+        for attempt in range(3):
+            try:
+                return self._load_once(state_dict, checkpoint_id, allow_missing)
+            except _Replaced as replaced:
+                if attempt == 2:
+                    raise replaced.error from None
+
+    def _load_once(self, state_dict, checkpoint_id: str, allow_missing: bool) -> str:
+        """_load_resolved's one try; raises _Replaced if the checkpoint the
+        index came from is gone at the second request."""
         first = self._open(checkpoint_id)
         name = first["checkpoint"]
         index = Index.decode(first["byte_items"].get(INDEX_FQN))
@@ -738,6 +761,8 @@ class Checkpointer:
             raise errors_mod.missing_keys(missing_values, self.job, name)
         try:
             result = self.client._load(name, items, [], allow_missing)
+        except errors_mod.CheckpointNotFound as e:
+            raise _Replaced(e) from None
         except ckptd.Error as e:
             # The daemon refuses a load naming the first tensor it lacks,
             # before it writes any byte; DCP's planner words it so.
