@@ -21,7 +21,7 @@ namespace {
   X(buffer_bytes) X(io_workers) X(queue_depth) X(checksum_block_bytes)         \
   X(write_rate_limit) X(max_request_bytes) X(max_items_per_save)               \
   X(max_sessions) X(max_connections) X(layout_bytes_per_session)               \
-  X(layout_bytes_total) X(load_plan_bytes) X(node_id) X(nodes)                 \
+  X(layout_bytes_total) X(load_plan_bytes) X(node_id) X(nodes) X(node_local_root) \
   X(commit_timeout_ms) X(local_ranks_timeout_ms) X(load_batch_ms)              \
   X(drain_timeout_ms) X(keep_last) X(keep_in_memory_bytes) X(gpu)              \
   X(gpu_copy_timeout_ms) X(gpu_pool_share_percent) X(log_level) X(metrics_file) \

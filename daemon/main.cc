@@ -48,6 +48,9 @@ ABSL_FLAG(uint32_t, node_id, kDefaults.node_id, "this node's id (0..nodes-1)");
 ABSL_FLAG(uint32_t, nodes, kDefaults.nodes,
           "nodes of the jobs this daemon serves; a checkpoint commits once "
           "every node's manifest is in the shared storage root");
+ABSL_FLAG(bool, node_local_root, kDefaults.node_local_root,
+          "--root is this node's own disk, not shared: with --nodes > 1 the nodes "
+          "commit by meeting in the remote tier (needs --remote)");
 ABSL_FLAG(uint64_t, commit_timeout_ms, kDefaults.commit_timeout_ms,
           "how long a durable node waits for the other nodes");
 ABSL_FLAG(uint64_t, local_ranks_timeout_ms, kDefaults.local_ranks_timeout_ms,
@@ -196,7 +199,8 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(buffer_bytes) CKPT_FROM_FLAG(io_workers) CKPT_FROM_FLAG(queue_depth)
   CKPT_FROM_FLAG(checksum_block_bytes) CKPT_FROM_FLAG(max_request_bytes)
   CKPT_FROM_FLAG(max_items_per_save) CKPT_FROM_FLAG(write_rate_limit)
-  CKPT_FROM_FLAG(node_id) CKPT_FROM_FLAG(nodes) CKPT_FROM_FLAG(commit_timeout_ms)
+  CKPT_FROM_FLAG(node_id) CKPT_FROM_FLAG(nodes) CKPT_FROM_FLAG(node_local_root)
+  CKPT_FROM_FLAG(commit_timeout_ms)
   CKPT_FROM_FLAG(local_ranks_timeout_ms) CKPT_FROM_FLAG(load_batch_ms)
   CKPT_FROM_FLAG(max_connections) CKPT_FROM_FLAG(max_sessions)
   CKPT_FROM_FLAG(layout_bytes_per_session) CKPT_FROM_FLAG(layout_bytes_total)

@@ -39,6 +39,7 @@
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
+#include "storage/node_local_commit.h"
 #include "storage/node_lock.h"
 #include "storage/startup_recovery.h"
 
@@ -63,6 +64,7 @@ SaveOptions SaveOptionsOf(const DaemonOptions& o) {
   save.keep_last = o.keep_last;
   save.max_items_per_save = o.max_items_per_save;
   save.write_rate_limit = o.write_rate_limit;
+  save.node_local_root = o.node_local_root;
   return save;
 }
 
@@ -116,6 +118,13 @@ absl::Status ValidateOptions(const DaemonOptions& o, const OptionOrigins& origin
   if (o.nodes == 0 || o.node_id >= o.nodes) {
     return absl::InvalidArgumentError(absl::StrCat(
         name("node_id"), " ", o.node_id, " is not inside ", name("nodes"), " ", o.nodes));
+  }
+  // Nodes with a root each can only meet in the remote tier to commit.
+  if (o.node_local_root && o.nodes > 1 && o.remote.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name("node_local_root"), " with ", name("nodes"), " ", o.nodes, " needs ",
+        name("remote"), ": no node sees another's root, so the nodes commit by meeting in "
+        "the remote tier"));
   }
   if (o.checksum_block_bytes == 0) {
     return absl::InvalidArgumentError(
@@ -230,6 +239,12 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
     LogInfo("remote tier: ", remote_store->Describe(""));
     remote = std::make_unique<RemoteTier>(RemoteTierOptionsOf(options), &store, &tier, &leases,
                                           std::move(remote_store));
+    // A commit of nodes with a root each that a crash cut short after the
+    // nodes had met: finished here, before its upload resumes below.
+    if (options.node_local_root && options.nodes > 1) {
+      NodeLocalCommit(&store, &remote->remote(), options.node_id, TreeCommitOptions())
+          .RollForward();
+    }
     // An earlier daemon's uploads that never committed there, newest first.
     remote->ResumeUnfinished();
   }

@@ -79,6 +79,7 @@ struct RoundRun {
   absl::Status FallbackHoldsSame() {
     absl::call_once(fallback_checked_, [this] {
       absl::StatusOr<v1::CommitRecord> there = fallback->ReadCommit(job, checkpoint);
+      if (absl::IsNotFound(there.status())) there = AwaitRemoteCommit(std::move(there).status());
       if (!there.ok()) {
         fallback_status_ = there.status();
       } else if (!google::protobuf::util::MessageDifferencer::Equals(*there, record)) {
@@ -88,6 +89,28 @@ struct RoundRun {
       }
     });
     return fallback_status_;
+  }
+
+  // The remote COMMIT was not there (`not_there`). With a root per node
+  // (storage/node_local_commit.h) a checkpoint is committed on every
+  // node's disk while its upload still runs, and another node's files
+  // reach the remote tier only with it: if this daemon's upload of the
+  // checkpoint is queued or running, waits for it to end (the upload
+  // timeout bounds it), then reads the remote COMMIT again.
+  absl::StatusOr<v1::CommitRecord> AwaitRemoteCommit(absl::Status not_there) {
+    std::optional<RemoteProgress> upload = fallback->Progress(job, checkpoint);
+    if (!upload.has_value() || upload->state == RemoteState::kFailed) return not_there;
+    if (upload->state != RemoteState::kCommitted) {
+      LogInfo(LogFields().Job(job).Checkpoint(checkpoint),
+              "load: waiting for the remote commit, which brings the other nodes' files");
+      upload = fallback->WaitFor(job, checkpoint, fallback->upload_timeout());
+    }
+    if (!upload.has_value()) return not_there;
+    if (upload->state == RemoteState::kFailed) {
+      return absl::Status(not_there.code(),
+                          absl::StrCat(not_there.message(), "; its upload failed: ", upload->error));
+    }
+    return fallback->ReadCommit(job, checkpoint);
   }
 
   void Finish() {

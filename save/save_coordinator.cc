@@ -15,7 +15,9 @@
 #include "common/status.h"
 #include "save/node_manifest.h"
 #include "save/save_plan.h"
+#include "storage/commit_protocol.h"
 #include "storage/garbage_collector.h"
+#include "storage/node_local_commit.h"
 #include "storage/retention.h"
 
 namespace ckpt {
@@ -32,6 +34,18 @@ std::chrono::steady_clock::duration LocalRanksTimeout(uint64_t ms) {
 }
 
 using ListenerCalls = SaveProgressBoard::ListenerCalls;
+
+std::unique_ptr<LocalCommit> MakeLocalCommit(const SaveOptions& options,
+                                             const CheckpointStore* store, FileOps& file_ops,
+                                             RemoteTier* remote) {
+  if (options.node_local_root && options.nodes > 1 && remote != nullptr) {
+    TreeCommitOptions meeting;
+    meeting.timeout = absl::Milliseconds(options.commit_timeout_ms);
+    return std::make_unique<NodeLocalCommit>(store, &remote->remote(), options.node_id, meeting,
+                                             file_ops);
+  }
+  return std::make_unique<CommitProtocol>(store, file_ops);
+}
 
 // When the part's phases ended, in ms from the start of its writing: how
 // much of the writing overlapped the staging (docs/OPERATIONS.md, "Logs").
@@ -81,12 +95,13 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       tier_(tier),
       remote_(remote),
       file_ops_(file_ops),
-      commit_(store, file_ops),
+      commit_(MakeLocalCommit(options, store, file_ops, remote)),
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},
               store, pool, tier, board_.get(), file_ops),
-      watcher_(kCommitPollInterval) {}
+      watcher_(kCommitPollInterval),
+      remote_commits_(kCommitPollInterval) {}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
     const std::shared_ptr<Session>& session, const v1::SaveRequest& request,
@@ -233,16 +248,22 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
   tier_->MarkComplete(cp->job, cp->name);
   const bool in_flight = checkpoints_.NodeDurable(*cp, &calls);
   calls.Run();
-  if (in_flight && !TryCommit(cp)) {
+  // A commit that makes remote requests never runs on this I/O worker.
+  if (in_flight && commit_->remote()) {
+    remote_commits_.Watch([this, cp] { return TryCommit(cp); });
+  } else if (in_flight && !TryCommit(cp)) {
     watcher_.Watch([this, cp] { return TryCommit(cp); });
   }
 }
 
 bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
   const auto waited = checkpoints_.WaitingForNodes(*cp);
-  if (!waited.has_value()) return true;  // ended: nothing left to commit
+  if (!waited.has_value()) {  // ended: nothing left to commit
+    commit_->Forget(cp->job, cp->name);
+    return true;
+  }
   const absl::StatusOr<bool> committed =
-      commit_.TryCommit(cp->job, cp->name, options_.nodes);
+      commit_->TryCommit(cp->job, cp->name, options_.nodes);
   ListenerCalls calls;
   std::optional<Retired> retired;
   if (committed.ok() && *committed) {
@@ -262,18 +283,15 @@ bool SaveCoordinator::TryCommit(const std::shared_ptr<CheckpointAttempt>& cp) {
         manifest_unused);
   } else if (*waited >= std::chrono::milliseconds(options_.commit_timeout_ms)) {
     DaemonMetrics::Get().CountError(absl::StatusCode::kDeadlineExceeded);
-    const auto present = store_->ListNodeManifests(cp->job, cp->name);
     retired = checkpoints_.Fail(
         *cp,
-        absl::StrCat("not every node finished within ",
-                     options_.commit_timeout_ms,
-                     " ms; node manifests present: [",
-                     present.ok() ? absl::StrJoin(*present, ",") : "?", "] of ",
-                     options_.nodes),
+        absl::StrCat("not every node finished within ", options_.commit_timeout_ms, " ms; ",
+                     commit_->Waiting(cp->job, cp->name, options_.nodes)),
         &calls);
   } else {
     return false;  // the other nodes are not done yet
   }
+  commit_->Forget(cp->job, cp->name);
   calls.Run();
   const bool committed_here =
       retired.has_value() && retired->phase == v1::PHASE_COMMITTED;

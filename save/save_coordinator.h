@@ -10,9 +10,12 @@
 // becomes a part. Submit validates the request and queues the part on the
 // I/O workers, so the call returns at ACCEPTED. When the last of this
 // node's local_world_size parts is durable, that worker writes the node
-// manifest (DURABLE) and tries to commit (CommitProtocol). If other nodes
-// are not done yet, the CommitWatcher retries until COMMIT exists (written
-// by whichever node finished last) or commit_timeout_ms passes. Any part
+// manifest (DURABLE) and tries to commit (storage/local_commit.h: in the
+// shared root, or, with a root per node, by meeting the other nodes in the
+// remote tier). If other nodes are not done yet, the CommitWatcher retries
+// until the checkpoint is committed or commit_timeout_ms passes; commits
+// that make remote requests run on a watcher of their own, so that a slow
+// server never delays the local-ranks deadlines. Any part
 // failing, a cancel, a rank whose session closes before it submitted, or
 // local ranks that have not all submitted within local_ranks_timeout_ms of
 // the first (the failure names them) ends the whole attempt: every waiter
@@ -57,9 +60,9 @@
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
-#include "storage/commit_protocol.h"
 #include "storage/durable_file.h"
 #include "storage/garbage_collector.h"
+#include "storage/local_commit.h"
 #include "storage/memory_tier.h"
 #include "storage/remote_tier.h"
 
@@ -147,10 +150,14 @@ class SaveCoordinator {
     writer_.SetWriteRateLimit(bytes_per_second);
   }
 
-  // Stops the commit watcher (commit retries, local-ranks deadlines), which
-  // posts to the I/O workers: call it before they are destroyed. Attempts
-  // handed to it later are kept, never run (as after a daemon stop).
-  void StopWatching() { watcher_.Stop(); }
+  // Stops the commit watchers (commit retries, local-ranks deadlines),
+  // which post to the I/O workers: call it before they are destroyed.
+  // Attempts handed to them later are kept, never run (as after a daemon
+  // stop).
+  void StopWatching() {
+    watcher_.Stop();
+    remote_commits_.Stop();
+  }
 
  private:
   using Retired = InFlightCheckpoints::Retired;
@@ -193,7 +200,9 @@ class SaveCoordinator {
   // The remote tier (null: none), handed each checkpoint once committed.
   RemoteTier* const remote_;
   FileOps& file_ops_;
-  CommitProtocol commit_;
+  // CommitProtocol on a shared root; NodeLocalCommit on a root per node
+  // with several nodes.
+  const std::unique_ptr<LocalCommit> commit_;
   // Shared with the remote tier's callbacks (EndRemotePhase), which may
   // outlive this coordinator.
   const std::shared_ptr<SaveProgressBoard> board_ = std::make_shared<SaveProgressBoard>();
@@ -202,6 +211,8 @@ class SaveCoordinator {
   PartWriter writer_;
   // Last: destroyed first, so no retry runs against the members above.
   CommitWatcher watcher_;
+  // The commits that meet other nodes in the remote tier.
+  CommitWatcher remote_commits_;
 };
 
 }  // namespace ckpt

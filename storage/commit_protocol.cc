@@ -175,7 +175,7 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
 
 absl::StatusOr<bool> CommitProtocol::TryCommit(const std::string& job,
                                                const std::string& checkpoint,
-                                               uint32_t nodes) const {
+                                               uint32_t nodes) {
   if (store_->IsCommitted(job, checkpoint)) {
     // Another node committed it and moves LATEST only after COMMIT: a
     // trainer on this node told "committed" that loads "latest" at once
@@ -218,6 +218,13 @@ absl::StatusOr<bool> CommitProtocol::TryCommit(const std::string& job,
              " committed but LATEST not updated: ", latest.ToString());
   }
   return true;
+}
+
+std::string CommitProtocol::Waiting(const std::string& job, const std::string& checkpoint,
+                                    uint32_t nodes) {
+  const auto present = store_->ListNodeManifests(job, checkpoint);
+  return absl::StrCat("node manifests present: [",
+                      present.ok() ? absl::StrJoin(*present, ",") : "?", "] of ", nodes);
 }
 
 }  // namespace ckpt

@@ -27,6 +27,7 @@
 #include "format/manifest_check.h"
 #include "storage/checkpoint_store.h"
 #include "storage/durable_file.h"
+#include "storage/local_commit.h"
 
 namespace ckpt {
 
@@ -59,7 +60,7 @@ absl::StatusOr<v1::CommitRecord> MergeNodeManifests(
 // crafted date can pin LATEST).
 inline constexpr absl::Duration kMaxNodeClockSkew = absl::Hours(1);
 
-class CommitProtocol {
+class CommitProtocol : public LocalCommit {
  public:
   // COMMIT and LATEST are written through `ops` (the save's FileOps: the
   // test seam that fails each step of the write, a full disk included).
@@ -71,9 +72,14 @@ class CommitProtocol {
 
   // True once the checkpoint is committed (by this call or by another
   // node); false while node manifests are missing.
-  absl::StatusOr<bool> TryCommit(const std::string& job,
-                                 const std::string& checkpoint,
-                                 uint32_t nodes) const;
+  absl::StatusOr<bool> TryCommit(const std::string& job, const std::string& checkpoint,
+                                 uint32_t nodes) override;
+  // "node manifests present: [0,2] of 4".
+  std::string Waiting(const std::string& job, const std::string& checkpoint,
+                      uint32_t nodes) override;
+  // Keeps nothing between calls.
+  void Forget(const std::string&, const std::string&) override {}
+  bool remote() const override { return false; }
 
  private:
   const CheckpointStore* const store_;

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "format/manifest_check.h"
 #include "format/manifest_file.h"
+#include "storage/node_local_commit.h"
 
 namespace ckpt {
 
@@ -49,14 +50,23 @@ bool IsGroupRecordKey(absl::string_view rest) {
   return absl::ConsumePrefix(&rest, "groups/g-") && ConsumeId(rest) && rest == ".manifests";
 }
 
+// A key of a tree commit's working state or its COMMIT, below its prefix
+// (the checkpoint's, or its node-local commit's: storage/node_local_commit.h).
+bool IsMeetingKey(absl::string_view rest) {
+  return rest == "COMMIT" || IsNodeManifestKey(rest) || IsGroupRecordKey(rest) ||
+         IsNoticeKey(rest);
+}
+
 // A data file as a manifest may name it (format/manifest_check.cc).
 bool IsDataFileKey(absl::string_view rest) {
   return absl::EndsWith(rest, ".safetensors") && ValidateStorageName(rest, "data file").ok();
 }
 
-// The order of a delete (rule 3): smaller goes first.
+// The order of a delete (rule 3): smaller goes first. The node-local
+// commit's keys go with the working state, its COMMIT first among them.
 int DeleteRank(absl::string_view rest) {
   if (rest == "COMMIT") return 0;
+  if (absl::ConsumePrefix(&rest, kLocalCommitPrefix)) return rest == "COMMIT" ? 1 : DeleteRank(rest);
   if (IsNoticeKey(rest)) return 1;
   if (IsGroupRecordKey(rest)) return 2;
   if (IsNodeManifestKey(rest)) return 3;
@@ -339,8 +349,9 @@ absl::StatusOr<RemoteRetentionResult> Pass::Run(const std::string& latest) {
 }  // namespace
 
 bool IsRemoteCheckpointObject(absl::string_view rest) {
+  if (absl::ConsumePrefix(&rest, kLocalCommitPrefix)) return IsMeetingKey(rest);
   return rest == "COMMIT" || rest == kRemoteDeletingName || IsDataFileKey(rest) ||
-         IsNodeManifestKey(rest) || IsGroupRecordKey(rest) || IsNoticeKey(rest);
+         IsMeetingKey(rest);
 }
 
 absl::StatusOr<RemoteRetentionResult> ApplyRemoteRetention(

@@ -104,7 +104,8 @@ absl::StatusOr<RemoteRetentionResult> ApplyRemoteRetention(
     RemoteCommitCache* cache = nullptr);
 
 // Whether `rest`, a key below "<job>/<checkpoint>/", is one ckptd writes
-// there (data file, node manifest, group record, notice, COMMIT, DELETING).
+// there (data file, node manifest, group record, notice, COMMIT, DELETING,
+// and the node-local commit's keys below local-commit/).
 bool IsRemoteCheckpointObject(absl::string_view rest);
 
 }  // namespace ckpt

@@ -267,30 +267,39 @@ std::vector<RemoteProgress> RemoteTier::Progress() const {
   return all;
 }
 
+std::optional<RemoteProgress> RemoteTier::FindLocked(const std::string& job,
+                                                     const std::string& checkpoint) const {
+  // An upload still to end first: a retry of one that failed before.
+  if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
+    return running_->progress;
+  }
+  for (const auto& queued : queue_) {
+    if (Same(queued->progress, job, checkpoint)) return queued->progress;
+  }
+  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {
+    if (Same(*it, job, checkpoint)) return *it;
+  }
+  return std::nullopt;
+}
+
+std::optional<RemoteProgress> RemoteTier::Progress(const std::string& job,
+                                                   const std::string& checkpoint) const {
+  absl::MutexLock lock(&mu_);
+  return FindLocked(job, checkpoint);
+}
+
 std::optional<RemoteProgress> RemoteTier::WaitFor(const std::string& job,
                                                   const std::string& checkpoint,
                                                   absl::Duration timeout) const {
-  auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::optional<RemoteProgress> {
-    for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {
-      if (Same(*it, job, checkpoint)) return *it;
-    }
-    if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
-      return running_->progress;
-    }
-    for (const auto& queued : queue_) {
-      if (Same(queued->progress, job, checkpoint)) return queued->progress;
-    }
-    return std::nullopt;
-  };
   auto ended = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stopped_) return true;
-    std::optional<RemoteProgress> p = find();
+    std::optional<RemoteProgress> p = FindLocked(job, checkpoint);
     return !p.has_value() || p->state == RemoteState::kCommitted ||
            p->state == RemoteState::kFailed;
   };
   absl::MutexLock lock(&mu_);
   mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-  return find();
+  return FindLocked(job, checkpoint);
 }
 
 void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t more_bytes,

@@ -150,6 +150,12 @@ class RemoteTier {
 
   // Uploads waiting or running, then the recent finished ones, newest last.
   std::vector<RemoteProgress> Progress() const;
+  // The checkpoint's upload: the one queued or running, else the newest
+  // finished one; nullopt if there is none.
+  std::optional<RemoteProgress> Progress(const std::string& job,
+                                         const std::string& checkpoint) const;
+  // One checkpoint's upload and remote commit together may take this long.
+  absl::Duration upload_timeout() const { return options_.upload_timeout; }
 
   // Waits until the checkpoint's upload has ended (committed or failed) or
   // `timeout` passed; its progress then, nullopt if it was never queued.
@@ -211,6 +217,10 @@ class RemoteTier {
   };
 
   void Run();
+  // The checkpoint's upload running or queued, else its newest finished.
+  std::optional<RemoteProgress> FindLocked(const std::string& job,
+                                           const std::string& checkpoint) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ResumeUnfinished's work, on the tier's thread.
   void FindUnfinished();
   absl::Status EnqueueLocked(const std::string& job, const std::string& checkpoint,

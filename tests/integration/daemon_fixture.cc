@@ -252,16 +252,18 @@ ProcessResult RunProcess(const std::vector<std::string>& args) {
   return BackgroundProcess(args).Wait();
 }
 
-Cluster::Cluster(uint32_t nodes, std::vector<std::string> extra_flags) {
+Cluster::Cluster(uint32_t nodes, std::vector<std::string> extra_flags, ClusterLayout layout) {
   std::string tmpl = TempBase() + "/ckptd-cluster-XXXXXX";
   REQUIRE(mkdtemp(tmpl.data()) != nullptr);
   dir_ = tmpl;
-  root_ = dir_ + "/root";
+  if (!layout.root_per_node) root_ = dir_ + "/root";
   for (uint32_t i = 0; i < nodes; ++i) {
     std::vector<std::string> flags = extra_flags;
     flags.insert(flags.end(), {"--node_id", std::to_string(i), "--nodes",
                                std::to_string(nodes)});
-    daemons_.push_back(std::make_unique<DaemonProcess>(flags, root_));
+    daemons_.push_back(std::make_unique<DaemonProcess>(
+        flags, root_,
+        i < layout.environment.size() ? layout.environment[i] : std::vector<std::string>()));
     // Expose the daemon's sockets under the cluster's naming scheme.
     for (const std::string suffix : {"", ".session"}) {
       const std::string target = daemons_.back()->socket() + suffix;

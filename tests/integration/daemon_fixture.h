@@ -119,13 +119,26 @@ class BackgroundProcess {
 // Runs `argv` to completion, capturing its output.
 ProcessResult RunProcess(const std::vector<std::string>& argv);
 
-// N daemons, nodes 0..N-1 of one job, sharing one storage root; sockets are
-// <dir>/node<i>.sock, so ckpt-loadgen reaches them as <dir>/node{node}.sock.
+// How a Cluster's daemons are laid out beyond their flags.
+struct ClusterLayout {
+  // Each daemon on a root of its own (a node's NVMe) instead of one
+  // shared root; node(i).root() names it.
+  bool root_per_node = false;
+  // Added to node i's environment (DaemonProcess's `environment`), for
+  // the nodes it has an entry for.
+  std::vector<std::vector<std::string>> environment;
+};
+
+// N daemons, nodes 0..N-1 of one job, sharing one storage root (or one
+// each, see ClusterLayout); sockets are <dir>/node<i>.sock, so ckpt-loadgen
+// reaches them as <dir>/node{node}.sock.
 class Cluster {
  public:
-  Cluster(uint32_t nodes, std::vector<std::string> extra_flags = {});
+  Cluster(uint32_t nodes, std::vector<std::string> extra_flags = {},
+          ClusterLayout layout = {});
   ~Cluster();
   DaemonProcess& node(uint32_t i) { return *daemons_[i]; }
+  // The shared root; empty with a root per node.
   const std::string& root() const { return root_; }
   std::string socket_template() const { return dir_ + "/node{node}.sock"; }
 

@@ -319,7 +319,7 @@ struct StoreFixture {
     REQUIRE(bytes.ok());
     return *std::move(bytes);
   }
-  bool MustTryCommit() const {
+  bool MustTryCommit() {
     absl::StatusOr<bool> committed = protocol.TryCommit(kJob, kCheckpoint, 2);
     INFO(committed.status().ToString());
     REQUIRE(committed.ok());

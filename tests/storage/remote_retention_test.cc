@@ -270,6 +270,11 @@ TEST_CASE("remote retention leaves and reports objects ckptd does not write",
   REQUIRE(memory.Put("job/step-1/notes.txt", "mine").ok());
   REQUIRE(memory.Put("job/step-1/g-0000000/extra", "mine").ok());
   REQUIRE(memory.Put("job/README", "mine").ok());
+  // The node-local commit's keys (storage/node_local_commit.h) are ckptd's.
+  REQUIRE(memory.Put("job/step-1/local-commit/COMMIT", "x").ok());
+  REQUIRE(memory.Put("job/step-1/local-commit/g-0000000/node-0000000.manifest", "x").ok());
+  REQUIRE(memory.Put("job/step-1/local-commit/groups/g-0000000.manifests", "x").ok());
+  REQUIRE(memory.Put("job/step-1/local-commit/g-0000000/COMMITTED", "").ok());
   absl::StatusOr<RemoteRetentionResult> result =
       ApplyRemoteRetention(memory, kJob, "step-2", {}, Keep(1));
   REQUIRE(result.ok());
@@ -285,6 +290,10 @@ TEST_CASE("remote retention leaves and reports objects ckptd does not write",
   CHECK_FALSE(IsRemoteCheckpointObject("g-12/node-0000123.manifest"));
   CHECK_FALSE(IsRemoteCheckpointObject("groups/g-0000000.manifests.tmp"));
   CHECK_FALSE(IsRemoteCheckpointObject("sub/shard-0.safetensors"));
+  CHECK(IsRemoteCheckpointObject("local-commit/COMMIT"));
+  CHECK(IsRemoteCheckpointObject("local-commit/g-0000000/COMMITTED"));
+  CHECK_FALSE(IsRemoteCheckpointObject("local-commit/shard-0.safetensors"));
+  CHECK_FALSE(IsRemoteCheckpointObject("local-commit/DELETING"));
 }
 
 TEST_CASE("a remote delete cut short leaves an uncommitted checkpoint that the next pass finishes",

@@ -1,0 +1,174 @@
+// The local commit of nodes with a root each (storage/node_local_commit.h):
+// they meet in the remote store, and each writes the meeting's COMMIT into
+// its own root; a node that crashed after the meeting finishes at start,
+// unless the meeting merged a manifest of it other than the one it has.
+#include "storage/node_local_commit.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bench/commit_scale_sim.h"
+#include "storage/in_memory_object_store.h"
+#include "support/temp_dir.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::TempDir;
+
+constexpr char kJob[] = "sim";  // SimulatedNodeManifest's names
+constexpr char kCheckpoint[] = "step-1";
+
+TreeCommitOptions Quick() {
+  TreeCommitOptions options;
+  options.poll_interval = absl::Milliseconds(10);
+  options.fallback_interval = absl::Seconds(1);
+  options.timeout = absl::Seconds(20);
+  return options;
+}
+
+// A node with a root of its own, durable: its node manifest written.
+struct Node {
+  Node(uint32_t id, uint32_t nodes, const TreeCommitOptions& options, ObjectStore* remote)
+      : commit(&store, remote, id, options) {
+    REQUIRE(store.PrepareForSave(kJob, kCheckpoint, id).ok());
+    REQUIRE(store.WriteNodeManifest(SimulatedNodeManifest(id, nodes)).ok());
+  }
+  TempDir tmp;
+  CheckpointStore store{tmp.path()};
+  NodeLocalCommit commit;
+};
+
+// Calls every node's TryCommit until each is committed or failed; their
+// outcomes.
+std::vector<absl::Status> MeetAll(std::vector<std::unique_ptr<Node>>& nodes) {
+  std::vector<std::optional<absl::Status>> outcome(nodes.size());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (outcome[i].has_value()) continue;
+      absl::StatusOr<bool> r =
+          nodes[i]->commit.TryCommit(kJob, kCheckpoint, static_cast<uint32_t>(nodes.size()));
+      if (!r.ok()) {
+        outcome[i] = r.status();
+      } else if (*r) {
+        outcome[i] = absl::OkStatus();
+      } else {
+        all = false;
+      }
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::vector<absl::Status> out;
+  for (auto& o : outcome) out.push_back(o.value_or(absl::DeadlineExceededError("test: no end")));
+  return out;
+}
+
+std::string CommitBytes(const Node& node) {
+  std::ifstream in(absl::StrCat(node.store.CheckpointDir(kJob, kCheckpoint), "/COMMIT"),
+                   std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("nodes with a root each commit by meeting in the remote store: every root gets the "
+          "meeting's COMMIT and LATEST",
+          "[node_local_commit]") {
+  InMemoryObjectStore remote;
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (uint32_t n = 0; n < 3; ++n) nodes.push_back(std::make_unique<Node>(n, 3, Quick(), &remote));
+  for (const absl::Status& s : MeetAll(nodes)) CHECK(s.ok());
+  const std::string prefix = NodeLocalCommit::MeetingPrefix(kJob, kCheckpoint);
+  CHECK(prefix == "sim/step-1/local-commit/");
+  absl::StatusOr<std::string> met = GetSmallObject(remote, prefix + "COMMIT", 1 << 20);
+  REQUIRE(met.ok());
+  for (const auto& node : nodes) {
+    CHECK(node->store.IsCommitted(kJob, kCheckpoint));
+    CHECK(CommitBytes(*node) == *met);
+    absl::StatusOr<std::string> latest = node->store.ResolveLatest(kJob);
+    REQUIRE(latest.ok());
+    CHECK(*latest == kCheckpoint);
+  }
+  // Nothing of the meeting is outside its prefix: the remote commit's own
+  // keys are still free.
+  absl::StatusOr<ObjectListing> all = remote.List("");
+  REQUIRE(all.ok());
+  for (const ObjectInfo& object : all->objects) CHECK(absl::StartsWith(object.key, prefix));
+}
+
+TEST_CASE("a node that never publishes ends the others' meeting at its timeout, naming what they "
+          "waited for",
+          "[node_local_commit]") {
+  InMemoryObjectStore remote;
+  TreeCommitOptions options = Quick();
+  options.timeout = absl::Milliseconds(300);
+  std::vector<std::unique_ptr<Node>> nodes;
+  nodes.push_back(std::make_unique<Node>(0, 2, options, &remote));
+  // Node 1 of 2 never becomes durable.
+  absl::Status outcome;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    absl::StatusOr<bool> r = nodes[0]->commit.TryCommit(kJob, kCheckpoint, 2);
+    REQUIRE((!r.ok() || !*r));
+    if (!r.ok()) {
+      outcome = r.status();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  INFO(outcome.ToString());
+  REQUIRE(!outcome.ok());
+  CHECK(absl::StrContains(outcome.message(), "meeting in the remote tier"));
+  CHECK(absl::StrContains(outcome.message(), "local-commit"));
+  CHECK(!nodes[0]->store.IsCommitted(kJob, kCheckpoint));
+}
+
+TEST_CASE("a node that crashed after the meeting commits at start, unless the meeting merged "
+          "another manifest of it than the one it has",
+          "[node_local_commit]") {
+  InMemoryObjectStore remote;
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (uint32_t n = 0; n < 2; ++n) nodes.push_back(std::make_unique<Node>(n, 2, Quick(), &remote));
+  for (const absl::Status& s : MeetAll(nodes)) REQUIRE(s.ok());
+  Node& crashed = *nodes[1];
+  const std::string commit = CommitBytes(crashed);
+  // Its COMMIT never written: the crash came between the meeting and it.
+  const std::filesystem::path dir = crashed.store.CheckpointDir(kJob, kCheckpoint);
+  REQUIRE(std::filesystem::remove(dir / "COMMIT"));
+  REQUIRE(!crashed.store.IsCommitted(kJob, kCheckpoint));
+
+  SECTION("its manifest is the one merged: committed, the same bytes") {
+    CHECK(crashed.commit.RollForward() == std::vector<std::string>{"sim/step-1"});
+    CHECK(crashed.store.IsCommitted(kJob, kCheckpoint));
+    CHECK(CommitBytes(crashed) == commit);
+  }
+  SECTION("a later attempt's manifest (other chunks) is not what was merged: left uncommitted") {
+    v1::Manifest other = SimulatedNodeManifest(1, 2);
+    REQUIRE(other.tensors_size() > 0);
+    other.mutable_tensors(0)->set_block_xxh3(0, other.tensors(0).block_xxh3(0) ^ 1);
+    REQUIRE(crashed.store.WriteNodeManifest(other).ok());
+    CHECK(crashed.commit.RollForward().empty());
+    CHECK(!crashed.store.IsCommitted(kJob, kCheckpoint));
+  }
+  SECTION("a node that was never durable is not committed by others' meeting") {
+    REQUIRE(std::filesystem::remove(dir / "node-0001.manifest"));
+    CHECK(crashed.commit.RollForward().empty());
+    CHECK(!crashed.store.IsCommitted(kJob, kCheckpoint));
+  }
+}
+
+}  // namespace ckpt
