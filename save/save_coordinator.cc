@@ -41,6 +41,7 @@ std::unique_ptr<LocalCommit> MakeLocalCommit(const SaveOptions& options,
   if (options.node_local_root && options.nodes > 1 && remote != nullptr) {
     TreeCommitOptions meeting;
     meeting.timeout = absl::Milliseconds(options.commit_timeout_ms);
+    meeting.poll_interval = MeetingPollInterval(options.nodes);
     return std::make_unique<NodeLocalCommit>(store, &remote->remote(), options.node_id, meeting,
                                              file_ops);
   }

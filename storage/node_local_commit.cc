@@ -66,6 +66,11 @@ absl::Status HoldsThisPart(const v1::CommitRecord& record, const v1::Manifest& m
 
 }  // namespace
 
+absl::Duration MeetingPollInterval(uint32_t nodes) {
+  return std::clamp(TreeCommitOptions().poll_interval * (static_cast<double>(nodes) / 1000),
+                    absl::Milliseconds(50), TreeCommitOptions().poll_interval);
+}
+
 NodeLocalCommit::NodeLocalCommit(const CheckpointStore* store, ObjectStore* remote,
                                  uint32_t node_id, TreeCommitOptions options, FileOps& ops)
     : store_(store), remote_(remote), node_id_(node_id), options_(options), ops_(ops) {}

@@ -56,6 +56,14 @@ namespace ckpt {
 // The meeting's key prefix below a checkpoint's: "local-commit/".
 inline constexpr absl::string_view kLocalCommitPrefix = "local-commit/";
 
+// How often the meeting's nodes poll: the tree commit's 0.4 s at 1,000
+// nodes and more (its rates at 10,000 nodes are docs/ARCHITECTURE.md's),
+// shorter in proportion for fewer nodes, down to 50 ms: the requests on
+// the busiest prefix grow with about the square root of the nodes over the
+// interval, so a small job can afford to learn of its commit in a fraction
+// of a second instead of the four polls' 1.6 s.
+absl::Duration MeetingPollInterval(uint32_t nodes);
+
 class NodeLocalCommit : public LocalCommit {
  public:
   // `store` (this node's root) and `remote` must outlive it. COMMIT and

@@ -110,6 +110,16 @@ TEST_CASE("nodes with a root each commit by meeting in the remote store: every r
   for (const ObjectInfo& object : all->objects) CHECK(absl::StartsWith(object.key, prefix));
 }
 
+TEST_CASE("the meeting polls every 50 ms for a few nodes, as the remote commit does (0.4 s) "
+          "from 1,000 nodes on, in proportion between",
+          "[node_local_commit]") {
+  CHECK(MeetingPollInterval(2) == absl::Milliseconds(50));
+  CHECK(MeetingPollInterval(125) == absl::Milliseconds(50));
+  CHECK(MeetingPollInterval(500) == absl::Milliseconds(200));
+  CHECK(MeetingPollInterval(1000) == absl::Milliseconds(400));
+  CHECK(MeetingPollInterval(10000) == absl::Milliseconds(400));
+}
+
 TEST_CASE("a node that never publishes ends the others' meeting at its timeout, naming what they "
           "waited for",
           "[node_local_commit]") {
