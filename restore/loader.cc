@@ -115,6 +115,8 @@ struct RoundRun {
 
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
+    // Every fetch of the round has ended: its reused mappings may go.
+    if (const RemoteTier* tier = remote != nullptr ? remote : fallback) tier->TrimFetchBuffers();
     for (Entry& e : entries) {
       // A load cancelled while its files were read skipped its writes: it
       // did not load, whatever the reads said.

@@ -5,16 +5,26 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/log.h"
 
 namespace ckpt {
 
-FileImage::FileImage(uint64_t size) : size_(size) {
-  void* p = mmap(nullptr, std::max<uint64_t>(size, 1), PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+FileImage::FileImage(uint64_t size) : size_(size), capacity_(std::max<uint64_t>(size, 1)) {
+  void* p = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p != MAP_FAILED) data_ = static_cast<char*>(p);
+}
+
+FileImage::FileImage(char* mapping, uint64_t capacity, uint64_t size)
+    : data_(mapping), size_(size), capacity_(capacity) {}
+
+char* FileImage::ReleaseMapping() {
+  absl::MutexLock lock(&pin_mu_);
+  if (pinned_by_ != nullptr) pinned_by_->Unpin(data_, size_);
+  pinned_by_ = nullptr;
+  return std::exchange(data_, nullptr);
 }
 
 void FileImage::AdviseHugePages() {
@@ -34,7 +44,7 @@ FileImage::~FileImage() {
   // The last holder is gone: no PinWith can run now.
   absl::MutexLock lock(&pin_mu_);
   if (pinned_by_ != nullptr) pinned_by_->Unpin(data_, size_);
-  if (data_ != nullptr) munmap(data_, std::max<uint64_t>(size_, 1));
+  if (data_ != nullptr) munmap(data_, capacity_);
 }
 
 void FileImage::PinWith(ImagePinner* pinner) {

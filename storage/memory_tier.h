@@ -59,11 +59,20 @@ class ImagePinner {
 class FileImage {
  public:
   explicit FileImage(uint64_t size);  // anonymous mapping; data() null on failure
+  // Takes over an anonymous mapping of `capacity` bytes that ReleaseMapping
+  // gave back (its pages keep their bytes: no zeroing by the kernel again),
+  // as an image of its first `size` bytes.
+  FileImage(char* mapping, uint64_t capacity, uint64_t size);
   ~FileImage();  // unpins, then unmaps
   FileImage(const FileImage&) = delete;
   FileImage& operator=(const FileImage&) = delete;
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The length of the mapping (size(), or more for an adopted one).
+  uint64_t capacity() const { return capacity_; }
+  // Unpins, and hands the mapping to the caller instead of unmapping it
+  // (nullptr if there is none); the image is empty after.
+  char* ReleaseMapping();
   // Asks the kernel for transparent huge pages over the image (advice: a
   // kernel without them, or with them off, keeps small pages). An image
   // filled at once by many threads, as a remote fetch fills its window,
@@ -77,6 +86,7 @@ class FileImage {
  private:
   char* data_ = nullptr;
   const uint64_t size_;
+  const uint64_t capacity_;
   absl::Mutex pin_mu_;
   ImagePinner* pinned_by_ ABSL_GUARDED_BY(pin_mu_) = nullptr;  // set once pinned
   bool pin_failed_ ABSL_GUARDED_BY(pin_mu_) = false;

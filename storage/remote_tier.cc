@@ -606,30 +606,12 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
         options_.fetch_bytes, " bytes (fetch_bytes)"));
   }
   const absl::Time deadline = absl::Now() + options_.fetch_timeout;
-  {
-    absl::MutexLock lock(&fetch_mu_);
-    auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_) {
-      return fetch_held_ + size <= options_.fetch_bytes;
-    };
-    if (memory == FetchMemory::kIfFree && !fits()) return nullptr;
-    if (!fetch_mu_.AwaitWithDeadline(absl::Condition(&fits), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": other fetches held the ", options_.fetch_bytes, " bytes for ",
-          absl::FormatDuration(options_.fetch_timeout)));
-    }
-    fetch_held_ += size;
-  }
   // From here the memory is this fetch's until its image is dropped.
-  auto release = [this, size] {
-    absl::MutexLock lock(&fetch_mu_);
-    fetch_held_ -= size;
-  };
-  auto image = std::make_unique<FileImage>(size);
-  if (image->data() == nullptr) {
-    release();
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": cannot map ", size, " bytes"));
-  }
-  image->AdviseHugePages();
+  absl::StatusOr<std::shared_ptr<FileImage>> taken =
+      fetch_buffers_->Take(size, memory == FetchMemory::kWait, deadline);
+  if (!taken.ok()) return Annotate(taken.status(), what);
+  if (*taken == nullptr) return nullptr;  // kIfFree, and no room now
+  FileImage* const image = taken->get();
   // Parts of part_size, fetch_requests_in_flight GETs at a time: one
   // request at a time leaves a store's bandwidth unused, as a raw client
   // with one connection would.
@@ -672,15 +654,8 @@ absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
     fetch_parts();
     for (std::thread& t : threads) t.join();
   }
-  if (!failed.ok()) {
-    release();
-    return Annotate(failed, what);
-  }
-  return std::shared_ptr<const FileImage>(image.release(),
-                                          [release](const FileImage* done) {
-                                            delete done;
-                                            release();
-                                          });
+  if (!failed.ok()) return Annotate(failed, what);
+  return std::shared_ptr<const FileImage>(*std::move(taken));
 }
 
 void FillRemoteUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {

@@ -55,6 +55,7 @@
 #include "common/daemon_metrics.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
+#include "storage/fetch_buffers.h"
 #include "storage/memory_tier.h"
 #include "storage/object_store.h"
 #include "storage/remote_retention.h"
@@ -197,6 +198,9 @@ class RemoteTier {
       FetchMemory memory = FetchMemory::kWait) const;
   // The most one fetch may hold (fetch_bytes).
   uint64_t fetch_bytes() const { return options_.fetch_bytes; }
+  // A round of loads ended: the fetches' spare mappings go if no fetch
+  // holds memory now (storage/fetch_buffers.h).
+  void TrimFetchBuffers() const { fetch_buffers_->Trim(); }
   // The window a restore fetches at once: one round of requests in flight
   // (part_size x fetch_requests_in_flight), so that the next window's
   // requests run while this one is verified, and at most a quarter of
@@ -285,9 +289,9 @@ class RemoteTier {
   // COMMIT times remote retention has read (the tier's thread only).
   RemoteCommitCache retention_cache_;
 
-  // Bytes of fetched files held now (fetch_bytes at most).
-  mutable absl::Mutex fetch_mu_;
-  mutable uint64_t fetch_held_ ABSL_GUARDED_BY(fetch_mu_) = 0;
+  // The fetches' memory (fetch_bytes), its mappings reused.
+  const std::shared_ptr<FetchBuffers> fetch_buffers_ =
+      std::make_shared<FetchBuffers>(options_.fetch_bytes);
 
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);

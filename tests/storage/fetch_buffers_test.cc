@@ -1,0 +1,104 @@
+// The remote tier's fetch memory (storage/fetch_buffers.h): one budget for
+// the images in use and the spare mappings kept for reuse; a dropped
+// image's mapping (and its pages) is what the next fetch that fits gets.
+#include "storage/fetch_buffers.h"
+
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+
+namespace ckpt {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+std::shared_ptr<FileImage> MustTake(FetchBuffers& buffers, uint64_t size) {
+  absl::StatusOr<std::shared_ptr<FileImage>> image =
+      buffers.Take(size, /*wait=*/false, absl::InfiniteFuture());
+  REQUIRE(image.ok());
+  REQUIRE(*image != nullptr);
+  REQUIRE((*image)->size() == size);
+  return *std::move(image);
+}
+
+}  // namespace
+
+TEST_CASE("a dropped fetch image's mapping, pages and all, is the next fetch's that it holds",
+          "[fetch_buffers]") {
+  auto buffers = std::make_shared<FetchBuffers>(8 * kMiB);
+  std::shared_ptr<FileImage> first = MustTake(*buffers, 4 * kMiB);
+  char* const mapping = first->data();
+  std::memset(mapping, 0x5a, 4 * kMiB);
+  first.reset();
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 4 * kMiB));
+  // A smaller window gets the same mapping; its bytes are still there (no
+  // zeroing by the kernel: the point of keeping it).
+  std::shared_ptr<FileImage> second = MustTake(*buffers, 3 * kMiB);
+  CHECK(second->data() == mapping);
+  CHECK(second->size() == 3 * kMiB);
+  CHECK(second->capacity() == 4 * kMiB);
+  CHECK(second->data()[4 * kMiB - 1] == 0x5a);
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(4 * kMiB, 0));
+  // A larger one than any spare is a new mapping.
+  std::shared_ptr<FileImage> third = MustTake(*buffers, 4 * kMiB);
+  CHECK(third->data() != mapping);
+}
+
+TEST_CASE("fetch images and spares share one budget: a fetch no spare holds unmaps spares to fit, "
+          "and one with no room waits or is refused at once",
+          "[fetch_buffers]") {
+  auto buffers = std::make_shared<FetchBuffers>(8 * kMiB);
+  MustTake(*buffers, 3 * kMiB).reset();
+  MustTake(*buffers, 5 * kMiB).reset();
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 8 * kMiB));
+  // 6 MiB: no spare holds it, and 6 + 8 > 8: spares go, largest first,
+  // until it fits beside the rest (here both: 6 + 3 > 8).
+  std::shared_ptr<FileImage> big = MustTake(*buffers, 6 * kMiB);
+  const auto [held, spare] = buffers->HeldAndSpare();
+  CHECK(held == 6 * kMiB);
+  CHECK(held + spare <= 8 * kMiB);
+  // No room for 4 MiB now: refused at once without waiting, or waited
+  // for until the deadline.
+  absl::StatusOr<std::shared_ptr<FileImage>> now = buffers->Take(4 * kMiB, false,
+                                                                 absl::InfiniteFuture());
+  REQUIRE(now.ok());
+  CHECK(*now == nullptr);
+  absl::StatusOr<std::shared_ptr<FileImage>> late =
+      buffers->Take(4 * kMiB, true, absl::Now() + absl::Milliseconds(50));
+  CHECK(absl::IsDeadlineExceeded(late.status()));
+  // A waiter gets its memory once the holder drops it.
+  std::thread dropper([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    big.reset();
+  });
+  absl::StatusOr<std::shared_ptr<FileImage>> waited =
+      buffers->Take(4 * kMiB, true, absl::Now() + absl::Seconds(10));
+  dropper.join();
+  REQUIRE(waited.ok());
+  CHECK(*waited != nullptr);
+  CHECK(absl::IsResourceExhausted(buffers->Take(9 * kMiB, true, absl::Now()).status()));
+}
+
+TEST_CASE("Trim unmaps the spares once no fetch holds memory, and an image outlives its "
+          "buffers' owner",
+          "[fetch_buffers]") {
+  auto buffers = std::make_shared<FetchBuffers>(8 * kMiB);
+  std::shared_ptr<FileImage> held = MustTake(*buffers, 2 * kMiB);
+  MustTake(*buffers, 2 * kMiB).reset();
+  buffers->Trim();  // one image still in use: the spare stays
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(2 * kMiB, 2 * kMiB));
+  held.reset();
+  buffers->Trim();
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 0));
+  std::shared_ptr<FileImage> last = MustTake(*buffers, kMiB);
+  buffers.reset();  // the image keeps them alive until it is dropped
+  last->data()[0] = 1;
+  last.reset();
+}
+
+}  // namespace ckpt
