@@ -36,35 +36,56 @@ absl::StatusOr<std::shared_ptr<FileImage>> FetchBuffers::Take(uint64_t size, boo
       return absl::DeadlineExceededError(absl::StrCat(
           "other fetches held the ", budget_, " bytes until the deadline"));
     }
-    // The smallest spare that holds `size` and fits the budget.
+    // The smallest spare that holds `size` within the budget, else the
+    // largest smaller one, to be grown to `size` (the windows of one
+    // restore differ by a few pages: a spare a page too small is still
+    // worth its pages).
+    auto holds = [&](const Spare& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return s.capacity >= size && held_ + s.capacity <= budget_;
+    };
     auto best = spares_.end();
     for (auto it = spares_.begin(); it != spares_.end(); ++it) {
-      if (it->capacity >= size && held_ + it->capacity <= budget_ &&
-          (best == spares_.end() || it->capacity < best->capacity)) {
-        best = it;
+      if (holds(*it) && (best == spares_.end() || it->capacity < best->capacity)) best = it;
+    }
+    if (best == spares_.end()) {
+      for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+        if (it->capacity < size && (best == spares_.end() || it->capacity > best->capacity)) {
+          best = it;
+        }
       }
     }
     if (best != spares_.end()) {
       reused = *best;
       spares_.erase(best);
       spare_bytes_ -= reused->capacity;
-      held_ += reused->capacity;
-    } else {
-      // A new mapping: spares go, largest first, until it fits beside them.
-      std::sort(spares_.begin(), spares_.end(),
-                [](const Spare& a, const Spare& b) { return a.capacity < b.capacity; });
-      while (held_ + spare_bytes_ + size > budget_ && !spares_.empty()) {
-        dropped.emplace_back(spares_.back().mapping, spares_.back().capacity);
-        spare_bytes_ -= spares_.back().capacity;
-        spares_.pop_back();
-      }
-      held_ += size;
+    }
+    const uint64_t capacity = reused.has_value() ? std::max(reused->capacity, size) : size;
+    held_ += capacity;
+    // Spares go, largest first, until the images and they fit the budget.
+    std::sort(spares_.begin(), spares_.end(),
+              [](const Spare& a, const Spare& b) { return a.capacity < b.capacity; });
+    while (held_ + spare_bytes_ > budget_ && !spares_.empty()) {
+      dropped.emplace_back(spares_.back().mapping, spares_.back().capacity);
+      spare_bytes_ -= spares_.back().capacity;
+      spares_.pop_back();
     }
   }
   Unmap(dropped);
-  std::unique_ptr<FileImage> image =
-      reused.has_value() ? std::make_unique<FileImage>(reused->mapping, reused->capacity, size)
-                         : std::make_unique<FileImage>(size);
+  std::unique_ptr<FileImage> image;
+  if (reused.has_value() && reused->capacity < size) {
+    // Grown in place or moved, its pages kept; only the new tail is fresh.
+    void* grown = ::mremap(reused->mapping, reused->capacity, size, MREMAP_MAYMOVE);
+    if (grown == MAP_FAILED) {
+      ::munmap(reused->mapping, reused->capacity);
+      reused.reset();
+    } else {
+      reused->mapping = static_cast<char*>(grown);
+      reused->capacity = size;
+    }
+  }
+  image = reused.has_value()
+              ? std::make_unique<FileImage>(reused->mapping, reused->capacity, size)
+              : std::make_unique<FileImage>(size);
   if (image->data() == nullptr) {
     absl::MutexLock lock(&mu_);
     held_ -= size;

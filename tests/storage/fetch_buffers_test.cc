@@ -47,21 +47,35 @@ TEST_CASE("a dropped fetch image's mapping, pages and all, is the next fetch's t
   // A larger one than any spare is a new mapping.
   std::shared_ptr<FileImage> third = MustTake(*buffers, 4 * kMiB);
   CHECK(third->data() != mapping);
+  // A window a little larger than the only spare gets the spare grown: its
+  // pages (and bytes) kept, the new tail fresh.
+  second.reset();
+  third.reset();
+  buffers->Trim();
+  std::shared_ptr<FileImage> small = MustTake(*buffers, 2 * kMiB);
+  std::memset(small->data(), 0x33, 2 * kMiB);
+  small.reset();
+  std::shared_ptr<FileImage> grown = MustTake(*buffers, 2 * kMiB + 4096);
+  CHECK(grown->capacity() == 2 * kMiB + 4096);
+  CHECK(grown->data()[0] == 0x33);
+  CHECK(grown->data()[2 * kMiB - 1] == 0x33);
+  CHECK(grown->data()[2 * kMiB] == 0);
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(2 * kMiB + 4096, 0));
 }
 
 TEST_CASE("fetch images and spares share one budget: a fetch no spare holds unmaps spares to fit, "
           "and one with no room waits or is refused at once",
           "[fetch_buffers]") {
   auto buffers = std::make_shared<FetchBuffers>(8 * kMiB);
-  MustTake(*buffers, 3 * kMiB).reset();
-  MustTake(*buffers, 5 * kMiB).reset();
+  std::shared_ptr<FileImage> a = MustTake(*buffers, 3 * kMiB);
+  std::shared_ptr<FileImage> b = MustTake(*buffers, 5 * kMiB);
+  a.reset();
+  b.reset();
   CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 8 * kMiB));
-  // 6 MiB: no spare holds it, and 6 + 8 > 8: spares go, largest first,
-  // until it fits beside the rest (here both: 6 + 3 > 8).
+  // 6 MiB: no spare holds it; the larger one is grown to 6 MiB, and the
+  // other goes: 6 + 3 > 8.
   std::shared_ptr<FileImage> big = MustTake(*buffers, 6 * kMiB);
-  const auto [held, spare] = buffers->HeldAndSpare();
-  CHECK(held == 6 * kMiB);
-  CHECK(held + spare <= 8 * kMiB);
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(6 * kMiB, 0));
   // No room for 4 MiB now: refused at once without waiting, or waited
   // for until the deadline.
   absl::StatusOr<std::shared_ptr<FileImage>> now = buffers->Take(4 * kMiB, false,
