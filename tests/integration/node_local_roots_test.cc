@@ -13,29 +13,13 @@
 #include <vector>
 
 #include "integration/daemon_fixture.h"
+#include "integration/file_checks.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-bool Appears(const fs::path& path, std::chrono::seconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (fs::exists(path)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return fs::exists(path);
-}
 
 std::set<std::string> DataFiles(const fs::path& dir) {
   std::set<std::string> files;
@@ -165,8 +149,8 @@ TEST_CASE("a node killed after the nodes met, before its own COMMIT, commits at 
   CHECK(ReadAll(there / "COMMIT") == ReadAll(at0 / "COMMIT"));
 }
 
-TEST_CASE("--node_local_root with several nodes and no --remote is refused at start, naming "
-          "--remote",
+TEST_CASE("a daemon given --node_local_root with several nodes and no --remote is refused at "
+          "start, naming --remote",
           "[integration][remote]") {
   TempDir dir;
   const ProcessResult run =

@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "ckpt/v1/control.pb.h"
 #include "integration/daemon_fixture.h"
+#include "integration/file_checks.h"
 #include "s3/fault_proxy.h"
 #include "s3/s3_test_server.h"
 #include "s3/seaweedfs_fixture.h"
@@ -61,14 +62,6 @@ double FailureBoundSeconds(int upload_timeout_ms) { return 2 * upload_timeout_ms
 constexpr auto kCommitWait = std::chrono::seconds(60);
 
 std::string StepName(int step) { return absl::StrFormat("step-%08d", step); }
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
 
 void WriteCredentials(const std::string& path, const std::string& access_key,
                       const std::string& secret) {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "integration/daemon_fixture.h"
+#include "integration/file_checks.h"
 #include "s3/s3_test_server.h"
 #include "storage/s3/s3_client.h"
 #include "support/skip.h"
@@ -23,24 +24,6 @@ namespace ckpt::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-// Waits up to `timeout` for `path` to exist.
-bool Appears(const fs::path& path, std::chrono::seconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    if (fs::exists(path)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return fs::exists(path);
-}
 
 }  // namespace
 

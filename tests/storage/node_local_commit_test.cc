@@ -77,6 +77,15 @@ std::vector<absl::Status> MeetAll(std::vector<std::unique_ptr<Node>>& nodes) {
   return out;
 }
 
+// `count` durable nodes of one job, meeting in `remote`.
+std::vector<std::unique_ptr<Node>> DurableNodes(uint32_t count, ObjectStore* remote) {
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (uint32_t n = 0; n < count; ++n) {
+    nodes.push_back(std::make_unique<Node>(n, count, Quick(), remote));
+  }
+  return nodes;
+}
+
 std::string CommitBytes(const Node& node) {
   std::ifstream in(absl::StrCat(node.store.CheckpointDir(kJob, kCheckpoint), "/COMMIT"),
                    std::ios::binary);
@@ -89,8 +98,7 @@ TEST_CASE("nodes with a root each commit by meeting in the remote store: every r
           "meeting's COMMIT and LATEST",
           "[node_local_commit]") {
   InMemoryObjectStore remote;
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (uint32_t n = 0; n < 3; ++n) nodes.push_back(std::make_unique<Node>(n, 3, Quick(), &remote));
+  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(3, &remote);
   for (const absl::Status& s : MeetAll(nodes)) CHECK(s.ok());
   const std::string prefix = NodeLocalCommit::MeetingPrefix(kJob, kCheckpoint);
   CHECK(prefix == "sim/step-1/local-commit/");
@@ -151,8 +159,7 @@ TEST_CASE("a node that crashed after the meeting commits at start, unless the me
           "another manifest of it than the one it has",
           "[node_local_commit]") {
   InMemoryObjectStore remote;
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (uint32_t n = 0; n < 2; ++n) nodes.push_back(std::make_unique<Node>(n, 2, Quick(), &remote));
+  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(2, &remote);
   for (const absl::Status& s : MeetAll(nodes)) REQUIRE(s.ok());
   Node& crashed = *nodes[1];
   const std::string commit = CommitBytes(crashed);
