@@ -209,8 +209,6 @@ TEST_CASE("with --remote s3://, two nodes' checkpoint is committed in the bucket
           "local COMMIT's bytes and every data file whole, on a shared root and on a root per "
           "node (the nodes meeting in the bucket to commit locally)",
           "[integration][remote][s3server]") {
-  const bool root_per_node = GENERATE(false, true);
-  INFO("root per node: " << root_per_node);
   std::string skip_reason;
   auto server = s3::testing::S3TestServer::Start(&skip_reason);
   if (server == nullptr) CKPT_SKIP(skip_reason);
@@ -224,71 +222,76 @@ TEST_CASE("with --remote s3://, two nodes' checkpoint is committed in the bucket
     REQUIRE(out.good());
   }
   const std::string endpoint = absl::StrCat("http://", client_options.endpoint.Authority());
-  std::vector<std::string> flags = {"--remote", absl::StrCat("s3://", server->bucket(), "/tier"),
-                                    "--remote_endpoint", endpoint, "--remote_addressing", "path",
-                                    "--remote_region", client_options.region,
-                                    "--remote_credentials_file", credentials};
-  if (root_per_node) flags.push_back("--node_local_root");
-  Cluster cluster(2, flags, ClusterLayout{.root_per_node = root_per_node, .environment = {}});
-  const ProcessResult run = RunProcess(
-      {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
-       "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
-       "--bytes-per-rank", std::to_string(6 << 20), "--saves", "1"});
-  INFO(run.out);
-  REQUIRE(run.exit_code == 0);
-  auto client = server->Client();
-  auto local_of = [&](uint32_t node) {
-    return fs::path(root_per_node ? cluster.node(node).root() : cluster.root()) / "job" /
-           "step-00000001";
-  };
-  auto read_object = [&](const std::string& key) -> std::optional<std::string> {
-    auto head = client->HeadObject(server->bucket(), key);
-    if (!head.ok()) return std::nullopt;
-    std::string bytes(head->size, '\0');
-    auto got = client->GetObject(server->bucket(), key, absl::MakeSpan(bytes));
-    REQUIRE(got.ok());
-    return bytes;
-  };
-  const std::string prefix = "tier/job/step-00000001/";
-  std::optional<std::string> commit;
-  for (int i = 0; i < 600 && !commit.has_value(); ++i) {
-    commit = read_object(prefix + "COMMIT");
-    if (!commit.has_value()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  INFO(server->LogTail());
-  REQUIRE(commit.has_value());
-  std::vector<std::set<std::string>> files(2);
-  for (uint32_t node = 0; node < 2; ++node) {
-    CHECK(*commit == ReadAll(local_of(node) / "COMMIT"));
-    for (const fs::directory_entry& entry : fs::directory_iterator(local_of(node))) {
-      if (entry.path().extension() != ".safetensors") continue;
-      files[node].insert(entry.path().filename());
-      INFO(entry.path().filename());
-      std::optional<std::string> object = read_object(prefix + entry.path().filename().string());
-      REQUIRE(object.has_value());
-      CHECK(*object == ReadAll(entry.path()));
+  // One server, both layouts, each under a prefix of its own.
+  for (const bool root_per_node : {false, true}) {
+    INFO("root per node: " << root_per_node);
+    const std::string tier = root_per_node ? "each" : "shared";
+    std::vector<std::string> flags = {
+        "--remote", absl::StrCat("s3://", server->bucket(), "/", tier), "--remote_endpoint",
+        endpoint, "--remote_addressing", "path", "--remote_region", client_options.region,
+        "--remote_credentials_file", credentials};
+    if (root_per_node) flags.push_back("--node_local_root");
+    Cluster cluster(2, flags, ClusterLayout{.root_per_node = root_per_node, .environment = {}});
+    const ProcessResult run = RunProcess(
+        {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
+         "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
+         "--bytes-per-rank", std::to_string(6 << 20), "--saves", "1"});
+    INFO(run.out);
+    REQUIRE(run.exit_code == 0);
+    auto client = server->Client();
+    auto local_of = [&](uint32_t node) {
+      return fs::path(root_per_node ? cluster.node(node).root() : cluster.root()) / "job" /
+             "step-00000001";
+    };
+    auto read_object = [&](const std::string& key) -> std::optional<std::string> {
+      auto head = client->HeadObject(server->bucket(), key);
+      if (!head.ok()) return std::nullopt;
+      std::string bytes(head->size, '\0');
+      auto got = client->GetObject(server->bucket(), key, absl::MakeSpan(bytes));
+      REQUIRE(got.ok());
+      return bytes;
+    };
+    const std::string prefix = tier + "/job/step-00000001/";
+    std::optional<std::string> commit;
+    for (int i = 0; i < 600 && !commit.has_value(); ++i) {
+      commit = read_object(prefix + "COMMIT");
+      if (!commit.has_value()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    INFO(server->LogTail());
+    REQUIRE(commit.has_value());
+    std::vector<std::set<std::string>> files(2);
+    for (uint32_t node = 0; node < 2; ++node) {
+      CHECK(*commit == ReadAll(local_of(node) / "COMMIT"));
+      for (const fs::directory_entry& entry : fs::directory_iterator(local_of(node))) {
+        if (entry.path().extension() != ".safetensors") continue;
+        files[node].insert(entry.path().filename());
+        INFO(entry.path().filename());
+        std::optional<std::string> object = read_object(prefix + entry.path().filename().string());
+        REQUIRE(object.has_value());
+        CHECK(*object == ReadAll(entry.path()));
+      }
+    }
+    CHECK(files[0].size() + files[1].size() >= 2);
+    if (!root_per_node) continue;
+    // Each root holds its own node's files only.
+    for (const std::string& f : files[0]) CHECK(!files[1].contains(f));
+    CHECK(read_object(prefix + "local-commit/COMMIT") == commit);
+    // Resharded to 4 ranks on the same nodes, their memory tiers gone: each
+    // node reads its own file from its disk and the other's from the bucket.
+    cluster.node(0).Kill();
+    cluster.node(1).Kill();
+    cluster.node(0).Restart();
+    cluster.node(1).Restart();
+    const ProcessResult restored = RunProcess(
+        {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
+         "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
+         "--bytes-per-rank", std::to_string(6 << 20), "--saves", "0", "--first-step", "2",
+         "--restore", "--load-ranks", "4"});
+    INFO(restored.out);
+    REQUIRE(restored.exit_code == 0);
+    CHECK(JsonField(restored.out, "verified") == "true");
+    CHECK(JsonField(restored.out, "restore_source") == "storage+remote");
   }
-  CHECK(files[0].size() + files[1].size() >= 2);
-  if (!root_per_node) return;
-  // Each root holds its own node's files only.
-  for (const std::string& f : files[0]) CHECK(!files[1].contains(f));
-  CHECK(read_object(prefix + "local-commit/COMMIT") == commit);
-  // Resharded to 4 ranks on the same nodes, their memory tiers gone: each
-  // node reads its own file from its disk and the other's from the bucket.
-  cluster.node(0).Kill();
-  cluster.node(1).Kill();
-  cluster.node(0).Restart();
-  cluster.node(1).Restart();
-  const ProcessResult restored = RunProcess(
-      {LOADGEN_BINARY, "--socket", cluster.socket_template(), "--job", "job", "--nodes", "2",
-       "--ranks-per-node", "1", "--replicas", "1", "--layout", "uniform", "--tensors", "4",
-       "--bytes-per-rank", std::to_string(6 << 20), "--saves", "0", "--first-step", "2",
-       "--restore", "--load-ranks", "4"});
-  INFO(restored.out);
-  REQUIRE(restored.exit_code == 0);
-  CHECK(JsonField(restored.out, "verified") == "true");
-  CHECK(JsonField(restored.out, "restore_source") == "storage+remote");
 }
 
 }  // namespace ckpt::testing

@@ -559,6 +559,14 @@ class SlurmLauncherTest(unittest.TestCase):
         r = self.run_on(n1, LAUNCHER, "run", CKPTD_SLURM_ROOT="")
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("needs CKPTD_SLURM_ROOT", r.stderr)
+        # With a root per node (the daemon's --node_local_root) the launcher
+        # takes the run directory's; the daemon then wants its remote tier,
+        # where such nodes meet to commit, and says so.
+        r = self.run_on(n1, LAUNCHER, "run", "--", "--node_local_root", "--gpu", "off",
+                        CKPTD_SLURM_ROOT="")
+        self.assertNotEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("needs CKPTD_SLURM_ROOT", r.stderr)
+        self.assertIn("--node_local_root with --nodes 3 needs --remote", r.stdout + r.stderr)
         squatted = os.path.join(n1.tmp, f"ckptd-slurm-{UID}-77")
         os.mkdir(squatted, 0o755)
         r = self.run_on(n1, LAUNCHER, "run", SLURM_JOB_ID="77")
