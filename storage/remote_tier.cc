@@ -67,6 +67,15 @@ absl::Status ReadPart(int fd, uint64_t offset, size_t length, absl::Span<char> s
   return absl::OkStatus();
 }
 
+// Whether the stop came before the upload was queued or while it waited in
+// the queue, the caller hears the same thing: nothing of it was copied, and
+// the next start picks it up (ResumeUnfinished).
+std::string StoppedBeforeUpload(const std::string& job, const std::string& checkpoint) {
+  return absl::StrCat("the daemon stopped before the upload of ", job, "/", checkpoint,
+                      " began; the local copy stays committed, and the daemon's next start "
+                      "resumes it");
+}
+
 }  // namespace
 
 absl::string_view RemoteStateName(RemoteState state) {
@@ -116,10 +125,8 @@ void RemoteTier::Stop() {
     for (const auto& upload : queue_) {
       const RemoteProgress& p = upload->progress;
       std::vector<UploadEnded> ended = EndLocked(
-          *upload, absl::CancelledError(absl::StrCat(
-                       "node ", options_.node_id, ": the daemon stopped before the upload of ",
-                       p.job, "/", p.checkpoint, " began; the local copy stays committed, and "
-                       "the daemon's next start resumes it")));
+          *upload, absl::CancelledError(absl::StrCat("node ", options_.node_id, ": ",
+                                                     StoppedBeforeUpload(p.job, p.checkpoint))));
       dropped.emplace_back(upload->progress, std::move(ended));
     }
     queue_.clear();
@@ -138,7 +145,7 @@ absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& chec
 absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string& checkpoint,
                                        bool resumed, UploadEnded ended) {
   if (stopped_) {
-    return absl::FailedPreconditionError("the remote tier is stopping");
+    return absl::CancelledError(StoppedBeforeUpload(job, checkpoint));
   }
   auto join = [&](Upload& upload) {
     if (ended) upload.ended.push_back(std::move(ended));

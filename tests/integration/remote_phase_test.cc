@@ -123,7 +123,8 @@ TEST_CASE("with --remote, a daemon stopped while a save's remote phase runs ends
   REQUIRE_FALSE(upload.ok());
   INFO(upload.status().ToString());
   CHECK(upload.status().code() == absl::StatusCode::kAborted);
-  // Stopped mid-upload, or (a slow start) before the queued upload began.
+  // Stopped mid-upload, or (a slow start) before the upload began: queued,
+  // or not yet queued when the trainer heard COMMITTED.
   CHECK((absl::StrContains(upload.status().message(), "the daemon is stopping") ||
          absl::StrContains(upload.status().message(), "the daemon stopped before the upload")));
   CHECK((*save)->progress().remote_phase() == v1::PHASE_REMOTE_FAILED);

@@ -360,7 +360,16 @@ TEST_CASE("stopping the tier makes the callbacks of the running upload and of th
     CHECK(p.state == RemoteState::kFailed);
     CHECK(absl::StrContains(p.error, "stop"));
   }
-  CHECK(!tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
+  REQUIRE(ends[1].checkpoint == "step-2");
+  CHECK(absl::StrContains(ends[1].error, "the daemon stopped before the upload of sim/step-2 "
+                                         "began"));
+  // One queued too late hears what one still in the queue heard: the daemon
+  // reports both alike (a save's COMMITTED can reach its trainer before
+  // the upload is queued, and a SIGTERM can come between).
+  const absl::Status late = tier.Enqueue(kJob, "step-3", heard.Callback());
+  CHECK(absl::IsCancelled(late));
+  CHECK(absl::StrContains(late.message(), "the daemon stopped before the upload of sim/step-3 "
+                                          "began"));
 }
 
 }  // namespace
