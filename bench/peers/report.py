@@ -47,7 +47,8 @@ def state_name(st):
     n = st["state_bytes"]
     size = f"{n / (1 << 30):g} GiB" if n >= (1 << 30) else f"{n >> 20} MiB"
     kind = {"small": "many small tensors", "large": "few large tensors",
-            "fsdp": "FSDP2 model + AdamW"}[st["layout"]]
+            "fsdp": "FSDP2 model + AdamW",
+            "plain": "many small plain tensors, per rank"}[st["layout"]]
     return f"{size}, {kind}"
 
 

@@ -7,6 +7,10 @@ Layouts:
 - "large": 8 float32 tensors per rank (a few large ones);
   both DTensors sharded along dim 0 over the world (as FSDP2 holds them),
   so that no tensor is replicated state and every rank writes its own bytes;
+- "plain": ~1,000 plain float32 CPU tensors per rank under fqns of their
+  own rank (`rank{r}.layers.{i}.weight`): a state of plain tensors that no
+  two ranks share, so every rank's leaves differ from its peers' (issue 31,
+  item 5: 4 ranks x 1,000 x 64 KiB is `--sizes 256M`);
 - "fsdp": an MLP (Linear d->4d->d blocks) wrapped with FSDP2's fully_shard
   on a CPU mesh, AdamW stepped once, then get_state_dict(model, optimizer):
   parameters, exp_avg and exp_avg_sq as DTensors, the step scalars and
@@ -33,9 +37,11 @@ def _sharded(local, mesh, world):
                               stride=local.stride())
 
 
-def _flat_state(count, total_bytes, rank, world, fill, seed):
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (world,))
+def _flat_state(count, total_bytes, rank, world, fill, seed, plain=False):
+    mesh = None
+    if not plain:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (world,))
     per_rank = total_bytes // world
     rows = max(1, per_rank // (count * COLS * 4))
     g = torch.Generator().manual_seed(seed * 1000 + rank)
@@ -46,7 +52,10 @@ def _flat_state(count, total_bytes, rank, world, fill, seed):
             local.uniform_(generator=g)
         else:
             local.zero_()
-        model[f"layers.{i:04d}.weight"] = _sharded(local, mesh, world)
+        if plain:
+            model[f"rank{rank}.layers.{i:04d}.weight"] = local
+        else:
+            model[f"layers.{i:04d}.weight"] = _sharded(local, mesh, world)
     return {"model": model}
 
 
@@ -100,6 +109,9 @@ def build(layout, total_bytes, rank, world, *, fill=True, seed=1):
     """(state dict, objects to keep alive)."""
     if layout == "small":
         return _flat_state(SMALL_TENSORS_PER_RANK, total_bytes, rank, world, fill, seed), None
+    if layout == "plain":
+        return _flat_state(SMALL_TENSORS_PER_RANK, total_bytes, rank, world, fill, seed,
+                           plain=True), None
     if layout == "large":
         return _flat_state(LARGE_TENSORS_PER_RANK, total_bytes, rank, world, fill, seed), None
     if layout == "fsdp":

@@ -191,11 +191,19 @@ def per_rank_plain_rank(socket, store, rank, world, job):
         g = torch.Generator().manual_seed(100 + rank)
         own = {f"r{rank}.w{i}": torch.rand(16, 256, generator=g) for i in range(3)}
         shared = torch.arange(64 * 256, dtype=torch.float32).reshape(64, 256)
-        sd = {"own": own, "shared": {"w": shared.clone(), "step": torch.tensor(3.0)}}
+        sd = {"own": own, "shared": {"w": shared.clone(), "step": torch.tensor(3.0),
+                                     "epoch": 1},
+              "mine": {f"r{rank}.seen": 10 * rank}}
         ckpt.save(sd, checkpoint_id="step-1", job=job, socket=socket)
+        exchange = ckpt._checkpointers[next(iter(ckpt._checkpointers))]._exchange
+        assert exchange.paths == {"detailed": 1}, exchange.paths
         for t in own.values():
             t.add_(1.0)  # the plan is reused: described again from this memory
+        sd["shared"]["epoch"] = 2  # a shared value changes alike on every rank
+        sd["mine"][f"r{rank}.seen"] += 1
         ckpt.save(sd, checkpoint_id="step-2", job=job, socket=socket)
+        # Nothing but bytes changed: the first exchange's verdict answered.
+        assert exchange.paths == {"detailed": 1, "verdict": 1}, exchange.paths
         want = {k: t.clone() for k, t in own.items()}
 
         if rank == 1:
@@ -206,15 +214,36 @@ def per_rank_plain_rank(socket, store, rank, world, job):
             raise AssertionError("a save whose shared tensor disagrees succeeded")
         except ckpt.ReplicaMismatchError as e:
             assert "'shared.w'" in str(e), str(e)
+        assert exchange.paths == {"detailed": 2, "verdict": 1}, exchange.paths
+        sd["shared"]["w"].copy_(shared)
+        sd["shared"]["epoch"] = 3 + rank  # a shared value that disagrees
+        r = ckpt.async_save(sd, checkpoint_id="step-3", job=job, socket=socket)
+        try:
+            r.upload_completion.result()
+            raise AssertionError("a save whose shared value disagrees succeeded")
+        except ckpt.ReplicaMismatchError as e:
+            assert "'shared.epoch'" in str(e), str(e)
+        sd["shared"]["epoch"] = 2
+        # A rank's structure changes (a leaf of its own): the holders are
+        # found again, and kept for the save after.
+        own[f"r{rank}.extra"] = torch.full((4,), float(rank))
+        ckpt.save(sd, checkpoint_id="step-3", job=job, socket=socket)
+        ckpt.save(sd, checkpoint_id="step-4", job=job, socket=socket)
+        assert exchange.paths == {"detailed": 4, "verdict": 2}, exchange.paths
 
-        fresh = {"own": {k: torch.zeros(16, 256) for k in own},
-                 "shared": {"w": torch.zeros(64, 256), "step": torch.tensor(0.0)}}
-        name = ckpt.load(fresh, checkpoint_id="latest", job=job, socket=socket)
+        fresh = {"own": {k: torch.zeros(16, 256) for k in want},
+                 "shared": {"w": torch.zeros(64, 256), "step": torch.tensor(0.0), "epoch": 0},
+                 "mine": {f"r{rank}.seen": 0}}
+        name = ckpt.load(fresh, checkpoint_id="step-2", job=job, socket=socket)
         assert name == "step-2", name
         for k, t in want.items():
             assert torch.equal(fresh["own"][k], t), k
         assert torch.equal(fresh["shared"]["w"], shared)
         assert fresh["shared"]["step"].item() == 3.0
+        assert fresh["shared"]["epoch"] == 2 and fresh["mine"] == {f"r{rank}.seen": 10 * rank + 1}
+        fresh["own"][f"r{rank}.extra"] = torch.zeros(4)
+        assert ckpt.load(fresh, checkpoint_id="latest", job=job, socket=socket) == "step-4"
+        assert torch.equal(fresh["own"][f"r{rank}.extra"], own[f"r{rank}.extra"])
     finally:
         dist.destroy_process_group()
 
@@ -506,12 +535,16 @@ class TorchApiTest(WithDaemon):
         store = os.path.join(self.daemon.dir, "gloo-per-rank")
         self.assertEqual(run_ranks(per_rank_plain_rank, 2, self.daemon.socket, store,
                                    "per-rank"), [0, 0])
-        chunks = self.stored_chunks("per-rank", "step-2")
+        for name in ("step-2", "step-4"):  # the verdict path's holders, as found
+            chunks = self.stored_chunks("per-rank", name)
+            for rank in (0, 1):
+                for i in range(3):
+                    self.assertEqual(chunks[f"own.r{rank}.w{i}"], [([0, 0], [16, 256])])
+            self.assertEqual(chunks["shared.w"], [([0, 0], [64, 256])])
+            self.assertEqual(chunks["shared.step"], [([], [])])
+            self.assertEqual(len(chunks["shared.epoch"]), 1)
         for rank in (0, 1):
-            for i in range(3):
-                self.assertEqual(chunks[f"own.r{rank}.w{i}"], [([0, 0], [16, 256])])
-        self.assertEqual(chunks["shared.w"], [([0, 0], [64, 256])])
-        self.assertEqual(chunks["shared.step"], [([], [])])
+            self.assertEqual(chunks[f"own.r{rank}.extra"], [([0], [4])])
 
     def test_the_save_plan_is_reused_only_while_the_tensors_stay_where_they_were(self):
         job = "plan"

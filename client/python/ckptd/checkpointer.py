@@ -337,7 +337,9 @@ class Checkpointer(CheckpointLoader):
             holders, merged, decision = self._exchange.exchange(
                 error, lambda: self._key(plan, values, gpu_hosts),
                 lambda: self._detailed(plan, values, gpu_hosts),
-                names=(self.job, base), decision=decision)
+                names=(self.job, base), decision=decision,
+                structure=lambda: self._structure(plan, values),
+                digest_group=lambda fqns: self._digest_group(plan, values, gpu_hosts, fqns))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
@@ -508,13 +510,39 @@ class Checkpointer(CheckpointLoader):
             local[fqn] = ("value", values_mod.capacity(len(data)), len(data), digest)
         return local
 
+    @staticmethod
+    def _structure_key(plan: _Plan) -> bytes:
+        if plan.structure_key is None:
+            plan.structure_key = values_mod.digest(
+                pickle.dumps(sorted(plan.structure.items()), protocol=4))
+        return plan.structure_key
+
+    def _structure(self, plan: _Plan, values) -> bytes:
+        """What the exchange's holders and the index depend on
+        (replica_exchange.py, the verdict path): the plan's structure and
+        each value's pickled length, not their bytes."""
+        lengths = sorted((fqn, len(data)) for fqn, (data, _) in values.items())
+        return values_mod.digest(pickle.dumps((self._structure_key(plan), lengths),
+                                              protocol=4))
+
+    def _digest_group(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor],
+                      fqns) -> bytes:
+        """The bytes of the given leaves, in that order, as replicas
+        compare them: values' digests and checked tensors' bytes (tensors
+        above check_bytes and aliases are compared by structure alone)."""
+        tensors = dict(zip(plan.checked_fqns, plan.checked))
+        tensors.update(zip(plan.gpu_checked_fqns, gpu_hosts))
+        checked = [tensors[f] for f in fqns if f in tensors]
+        described = [(f, values[f][1]) for f in fqns if f in values]
+        return values_mod.digest(pickle.dumps(
+            (described, _state_cache.digest_tensors(checked) if checked else b""),
+            protocol=4))
+
     def _key(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor]) -> bytes:
         """What ranks compare first (replica_exchange.py): the structure, the
         values, the checked tensors' bytes as this save holds them (the GPU
         ones' in `gpu_hosts`)."""
-        if plan.structure_key is None:
-            plan.structure_key = values_mod.digest(
-                pickle.dumps(sorted(plan.structure.items()), protocol=4))
+        self._structure_key(plan)
         checked = (plan.cache.digest() if plan.cache is not None
                    else _state_cache.digest_tensors(plan.checked))
         gpu_checked = _state_cache.digest_tensors(gpu_hosts) if gpu_hosts else b""

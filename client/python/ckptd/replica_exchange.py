@@ -19,7 +19,24 @@ every save would cost the trainer what ckptd saves it). Ranks then:
    and one XXH3 of every checked tensor's bytes in fqn order, computed in
    C++ (`_state_cache`), so it costs no Python work per tensor;
 2. only if those differ, all-gather the descriptions themselves and find,
-   per fqn, its holders, and whether they disagree.
+   per fqn, its holders, and whether they disagree (the detailed path).
+
+Ranks whose leaves differ by design (plain tensors under per-rank fqns, a
+pipeline stage's own layers) would take the detailed path on every save:
+gathering and merging every rank's descriptions, tens of milliseconds for
+a thousand leaves a rank, before the save is submitted. So the verdict of
+the last detailed exchange is kept, and the first collective also carries
+each rank's structure digest (fqns, kinds, dtypes, shapes, the values'
+pickled lengths: everything the holders and the index depend on) and,
+where that structure is the one the kept verdict was reached on, one
+digest per holder set of two or more ranks (the fqns those ranks share),
+in at most `_GROUP_SLOTS` slots. If every rank kept the same verdict, no
+structure changed and the members of each holder set agree on their
+set's digest, the kept verdict is the answer (the verdict path): the
+same holders, the bytes of shared leaves compared, no leaf of a rank's
+own hashed at all. Anything else (a structure changed, a rank without
+the verdict, a set that disagrees) takes the paths above, so an error
+still names the fqn.
 
 Every rank sees the same gathered data and so reaches the same verdict:
 either all ranks submit the save, or none does, each raising the same
@@ -58,9 +75,11 @@ checkpointer's submit thread).
 """
 
 import atexit
+import collections
+import dataclasses
 import pickle
 import weakref
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -78,6 +97,29 @@ class SaveInputError(CkptdError, ValueError):
 
 
 Descriptions = Dict[str, tuple]
+
+_DIGEST_BYTES = 16  # values_mod.digest's
+_NONE = bytes(_DIGEST_BYTES)  # a digest slot left empty
+# Holder sets the verdict path compares (the module comment): a kept
+# verdict with more sets than this is not reused. Most states have one or
+# two (values every rank holds; a data-parallel group's replicated leaves).
+_GROUP_SLOTS = 16
+# The first collective's record: key, names, structure, kept verdict, then
+# one slot per holder set.
+_RECORD_BYTES = _DIGEST_BYTES * (4 + _GROUP_SLOTS)
+
+
+@dataclasses.dataclass
+class _Verdict:
+    """The outcome of the last detailed exchange, kept for the verdict path."""
+
+    structures: Tuple[bytes, ...]  # every rank's structure digest then (self.ranks order)
+    holders: Dict[str, List[int]]
+    merged: Descriptions
+    # Holder sets of two or more ranks in a fixed order: (ranks, fqns held
+    # by exactly those ranks). Every rank computes the same list.
+    groups: List[Tuple[Tuple[int, ...], List[str]]]
+    id: bytes  # digest of structures and groups: equal ids, equal verdicts
 
 # Exchanges that made a group, released at exit (the module comment).
 _WITH_GROUPS: "weakref.WeakSet[ReplicaExchange]" = weakref.WeakSet()
@@ -107,6 +149,10 @@ class ReplicaExchange:
         self._dist = dist if dist.is_available() and dist.is_initialized() else None
         self._group = None
         self._closed = False
+        self._verdict: Optional[_Verdict] = None
+        # How each exchange was answered: "alone", "replicated", "verdict",
+        # "detailed" (tests and diagnostics).
+        self.paths: "collections.Counter[str]" = collections.Counter()
         if self._dist is None:
             self.ranks, self.rank = [0], 0
             return
@@ -141,7 +187,8 @@ class ReplicaExchange:
 
     def exchange(self, error: Optional[str], key: Callable[[], bytes],
                  detailed: Callable[[], Descriptions], names: Tuple[str, str] = ("", ""),
-                 decision: int = 0
+                 decision: int = 0, structure: Optional[Callable[[], bytes]] = None,
+                 digest_group: Optional[Callable[[Sequence[str]], bytes]] = None
                  ) -> Tuple[Union[Tuple[int, ...], Dict[str, List[int]]], Optional[Descriptions],
                             int]:
         """Who holds each of this rank's plain leaves, over every rank's.
@@ -159,36 +206,117 @@ class ReplicaExchange:
         timestamp in the name: the daemon would wait for ranks that never
         come to either checkpoint).
 
+        `structure()` digests what the holders and the index depend on
+        (not the bytes), and `digest_group(fqns)` the given leaves' bytes
+        and values in that order: with both, a kept verdict can answer
+        (the module comment). The merged descriptions it returns are those
+        of the detailed exchange that reached it: structure as now, digests
+        as then.
+
         `decision` is a number the group's first rank decides for the save
         (its generation, generations.py); the third value returned is that
         rank's, the same on every rank. It rides in the first collective,
         outside the digest compared."""
         if not self.compares:
+            self.paths["alone"] += 1
             if error is not None:
                 raise SaveInputError(error)
             return tuple(self.ranks), None, decision
         if self._closed:
             raise CkptdError("the replica exchange's group was released: the "
                              "interpreter is exiting; this save is not made")
-        mine = values_mod.digest(
-            pickle.dumps((names, error, None if error else key()), protocol=4))
-        keys, decisions = self._all_gather_key(mine, decision)
+        try:
+            return self._exchange(error, key, detailed, names, decision, structure,
+                                  digest_group)
+        except BaseException:
+            self._verdict = None  # the next exchange starts afresh
+            raise
+
+    def _exchange(self, error, key, detailed, names, decision, structure, digest_group):
+        shape = _NONE if error is not None or structure is None else structure()
+        kept = self._verdict if shape != _NONE and digest_group is not None else None
+        if kept is not None and kept.structures[self.ranks.index(self.rank)] == shape:
+            # The verdict path needs no key: each set's digest stands for it.
+            mine = _NONE
+            slots = [digest_group(fqns) if self.rank in members else _NONE
+                     for members, fqns in kept.groups]
+            offered = kept.id
+        else:
+            kept, slots, offered = None, [], _NONE
+            mine = values_mod.digest(
+                pickle.dumps((names, error, None if error else key()), protocol=4))
+        named = values_mod.digest(pickle.dumps(names, protocol=4))
+        record = b"".join([mine, named, shape, offered] + slots).ljust(_RECORD_BYTES, b"\0")
+        records, failed, decisions = self._all_gather_first(record, error is not None,
+                                                            decision)
         decided = decisions[0]  # self.ranks is sorted: the first rank's
-        if error is None and all(k == mine for k in keys):
+        if kept is not None and not failed and self._verdict_holds(kept, records):
+            self.paths["verdict"] += 1
+            return kept.holders, kept.merged, decided
+        if not failed and mine != _NONE and all(r[:_DIGEST_BYTES] == mine for r in records):
+            self.paths["replicated"] += 1
             return tuple(self.ranks), None, decided
+        self.paths["detailed"] += 1
         gathered = [None] * len(self.ranks)
         local = (error, [] if error else sorted(detailed().items()), names)
         self._dist.all_gather_object(gathered, local, group=self._group)
-        return (*_merge(dict(zip(self.ranks, gathered))), decided)
+        holders, merged = _merge(dict(zip(self.ranks, gathered)))
+        self._verdict = _keep(holders, merged, [r[2 * _DIGEST_BYTES:3 * _DIGEST_BYTES]
+                                                for r in records])
+        return holders, merged, decided
 
-    def _all_gather_key(self, key: bytes, decision: int) -> Tuple[List[bytes], List[int]]:
-        """Every rank's key and decision, in self.ranks' order."""
-        mine = torch.empty(len(key) // 8 + 1, dtype=torch.int64)
-        mine[:-1] = torch.frombuffer(bytearray(key), dtype=torch.int64)
-        mine[-1] = decision
+    def _verdict_holds(self, kept: _Verdict, records: List[bytes]) -> bool:
+        """Whether every rank offered `kept` for an unchanged structure and
+        the members of each holder set agree. Depends only on the gathered
+        records and the verdict, which equal ids make the same on every
+        rank: every rank reaches the same answer."""
+        def field(record: bytes, i: int) -> bytes:
+            return record[i * _DIGEST_BYTES:(i + 1) * _DIGEST_BYTES]
+        if any(field(r, 3) != kept.id for r in records):
+            return False
+        if tuple(field(r, 2) for r in records) != kept.structures:
+            return False
+        if len(set(field(r, 1) for r in records)) != 1:
+            return False  # different names: the detailed path says which
+        at = {rank: i for i, rank in enumerate(self.ranks)}
+        for slot, (members, _) in enumerate(kept.groups):
+            if len({field(records[at[m]], 4 + slot) for m in members}) != 1:
+                return False
+        return True
+
+    def _all_gather_first(self, record: bytes, failed: bool, decision: int
+                          ) -> Tuple[List[bytes], bool, List[int]]:
+        """Every rank's record and decision, in self.ranks' order, and
+        whether any rank's input failed."""
+        words = len(record) // 8
+        mine = torch.empty(words + 2, dtype=torch.int64)
+        mine[:words] = torch.frombuffer(bytearray(record), dtype=torch.int64)
+        mine[words] = int(failed)
+        mine[words + 1] = decision
         out = [torch.empty_like(mine) for _ in self.ranks]
         self._dist.all_gather(out, mine, group=self._group)
-        return ([t[:-1].numpy().tobytes() for t in out], [int(t[-1]) for t in out])
+        return ([t[:words].numpy().tobytes() for t in out],
+                any(int(t[words]) for t in out), [int(t[words + 1]) for t in out])
+
+
+def _keep(holders: Dict[str, List[int]], merged: Descriptions,
+          structures: List[bytes]) -> Optional[_Verdict]:
+    """The verdict to keep from a detailed exchange that succeeded, or None
+    where the verdict path could not use it (a rank gave no structure, or
+    too many holder sets)."""
+    if any(s == _NONE for s in structures):
+        return None
+    by_members: Dict[Tuple[int, ...], List[str]] = {}
+    for fqn, members in holders.items():
+        ranks = tuple(sorted(set(members)))
+        if len(ranks) > 1:
+            by_members.setdefault(ranks, []).append(fqn)
+    if len(by_members) > _GROUP_SLOTS:
+        return None
+    groups = [(members, sorted(fqns)) for members, fqns in sorted(by_members.items())]
+    structures = tuple(structures)
+    return _Verdict(structures=structures, holders=holders, merged=merged, groups=groups,
+                    id=values_mod.digest(pickle.dumps((structures, groups), protocol=4)))
 
 
 def _merge(by_rank: Dict[int, tuple]) -> Tuple[Dict[str, List[int]], Descriptions]:
