@@ -74,7 +74,7 @@ struct DaemonOptions {
   uint32_t nodes = 1;
   // The root is this node's own disk (node-local NVMe), which no other
   // node sees: with nodes > 1 the nodes meet in the remote tier to commit
-  // (storage/node_local_commit.h), so `remote` must be set. False: with
+  // (storage/tree_local_commit.h), so `remote` must be set. False: with
   // nodes > 1 the root is a file system every node mounts.
   bool node_local_root = false;
   // How long a node that is durable waits for the other nodes' manifests

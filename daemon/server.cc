@@ -39,9 +39,10 @@
 #include "session/session.h"
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
-#include "storage/node_local_commit.h"
 #include "storage/node_lock.h"
+#include "storage/posix_object_store.h"
 #include "storage/startup_recovery.h"
+#include "storage/tree_local_commit.h"
 
 namespace ckpt {
 namespace {
@@ -242,15 +243,31 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
     // A commit of nodes with a root each that a crash cut short after the
     // nodes had met: finished here, before its upload resumes below.
     if (options.node_local_root && options.nodes > 1) {
-      NodeLocalCommit(&store, &remote->remote(), options.node_id, TreeCommitOptions())
+      TreeLocalCommit(&store, remote->remote_store(), TreeLocalCommit::Root::kPerNode,
+                      options.node_id, TreeCommitOptions())
           .RollForward();
     }
     // An earlier daemon's uploads that never committed there, newest first.
     remote->ResumeUnfinished();
   }
+  // Nodes sharing the root meet in it for the local commit
+  // (storage/tree_local_commit.h); a crash after they met is finished
+  // here, as above.
+  std::shared_ptr<ObjectStore> shared_root;
+  if (options.nodes > 1 && !options.node_local_root) {
+    absl::StatusOr<std::unique_ptr<PosixObjectStore>> opened =
+        PosixObjectStore::Open(options.root);
+    if (!opened.ok()) {
+      return Annotate(opened.status(), "the storage root, where the nodes meet to commit");
+    }
+    shared_root = std::move(*opened);
+    TreeLocalCommit(&store, shared_root, TreeLocalCommit::Root::kShared, options.node_id,
+                    TreeCommitOptions())
+        .RollForward();
+  }
   auto saves = std::make_unique<SaveCoordinator>(SaveOptionsOf(options), &store, pool.get(),
                                                  workers.get(), &leases, &tier,
-                                                 DefaultFileOps(), remote.get());
+                                                 DefaultFileOps(), remote.get(), shared_root);
   auto loader = std::make_unique<Loader>(
       std::chrono::milliseconds(options.load_batch_ms), &store, pool.get(), workers.get(),
       &leases, &tier, options.load_plan_bytes, remote.get());

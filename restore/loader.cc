@@ -92,7 +92,7 @@ struct RoundRun {
   }
 
   // The remote COMMIT was not there (`not_there`). With a root per node
-  // (storage/node_local_commit.h) a checkpoint is committed on every
+  // (storage/tree_local_commit.h) a checkpoint is committed on every
   // node's disk while its upload still runs, and another node's files
   // reach the remote tier only with it: if this daemon's upload of the
   // checkpoint is queued or running, waits for it to end (the upload

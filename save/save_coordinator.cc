@@ -17,7 +17,7 @@
 #include "save/save_plan.h"
 #include "storage/commit_protocol.h"
 #include "storage/garbage_collector.h"
-#include "storage/node_local_commit.h"
+#include "storage/tree_local_commit.h"
 #include "storage/retention.h"
 
 namespace ckpt {
@@ -37,13 +37,20 @@ using ListenerCalls = SaveProgressBoard::ListenerCalls;
 
 std::unique_ptr<LocalCommit> MakeLocalCommit(const SaveOptions& options,
                                              const CheckpointStore* store, FileOps& file_ops,
-                                             RemoteTier* remote) {
-  if (options.node_local_root && options.nodes > 1 && remote != nullptr) {
-    TreeCommitOptions meeting;
-    meeting.timeout = absl::Milliseconds(options.commit_timeout_ms);
-    meeting.poll_interval = MeetingPollInterval(options.nodes);
-    return std::make_unique<NodeLocalCommit>(store, &remote->remote(), options.node_id, meeting,
-                                             file_ops);
+                                             RemoteTier* remote,
+                                             std::shared_ptr<ObjectStore> shared_root) {
+  TreeCommitOptions tree;
+  tree.timeout = absl::Milliseconds(options.commit_timeout_ms);
+  tree.poll_interval = MeetingPollInterval(options.nodes);
+  if (options.nodes > 1 && options.node_local_root && remote != nullptr) {
+    return std::make_unique<TreeLocalCommit>(store, remote->remote_store(),
+                                             TreeLocalCommit::Root::kPerNode, options.node_id,
+                                             tree, file_ops);
+  }
+  if (options.nodes > 1 && !options.node_local_root && shared_root != nullptr) {
+    return std::make_unique<TreeLocalCommit>(store, std::move(shared_root),
+                                             TreeLocalCommit::Root::kShared, options.node_id,
+                                             tree, file_ops);
   }
   return std::make_unique<CommitProtocol>(store, file_ops);
 }
@@ -87,7 +94,8 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
                                  const CheckpointStore* store,
                                  StagingPool* pool, IoWorkers* workers,
                                  CheckpointLeases* leases, MemoryTier* tier,
-                                 FileOps& file_ops, RemoteTier* remote)
+                                 FileOps& file_ops, RemoteTier* remote,
+                                 std::shared_ptr<ObjectStore> shared_root)
     : options_(options),
       keep_last_(options.keep_last),
       store_(store),
@@ -96,7 +104,7 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       tier_(tier),
       remote_(remote),
       file_ops_(file_ops),
-      commit_(MakeLocalCommit(options, store, file_ops, remote)),
+      commit_(MakeLocalCommit(options, store, file_ops, remote, std::move(shared_root))),
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},

@@ -79,7 +79,8 @@ class SaveCoordinator {
   SaveCoordinator(const SaveOptions& options, const CheckpointStore* store,
                   StagingPool* pool, IoWorkers* workers,
                   CheckpointLeases* leases, MemoryTier* tier,
-                  FileOps& file_ops = DefaultFileOps(), RemoteTier* remote = nullptr);
+                  FileOps& file_ops = DefaultFileOps(), RemoteTier* remote = nullptr,
+                  std::shared_ptr<ObjectStore> shared_root = nullptr);
 
   // Validates and queues this rank's part; returns its save id. With
   // `accepted`, fills in what the trainer's stream may wait for
@@ -200,8 +201,9 @@ class SaveCoordinator {
   // The remote tier (null: none), handed each checkpoint once committed.
   RemoteTier* const remote_;
   FileOps& file_ops_;
-  // CommitProtocol on a shared root; NodeLocalCommit on a root per node
-  // with several nodes.
+  // With several nodes, TreeLocalCommit: meeting in the remote tier (a
+  // root per node) or in `shared_root` (the root they share); else
+  // CommitProtocol.
   const std::unique_ptr<LocalCommit> commit_;
   // Shared with the remote tier's callbacks (EndRemotePhase), which may
   // outlive this coordinator.

@@ -17,7 +17,7 @@ struct SaveOptions {
   uint32_t keep_last = 0;
   uint32_t max_items_per_save = 1u << 20;
   uint64_t write_rate_limit = 0;
-  // The root is this node's own (storage/node_local_commit.h): with
+  // The root is this node's own (storage/tree_local_commit.h): with
   // several nodes they commit by meeting in the remote tier.
   bool node_local_root = false;
 };

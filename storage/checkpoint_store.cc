@@ -235,10 +235,14 @@ absl::Status CheckpointStore::RemoveNodePart(
     RETURN_IF_ERROR(dir.Unlink(name));
   }
   // Other nodes' files keep the directory; that is their part to remove.
-  // With only the marker left, the directory goes, marker last.
+  // With only the marker left (and the nodes' meeting, which no node's
+  // files stand behind any more), the directory goes, marker last: a
+  // later attempt at the name meets afresh.
   ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
   for (const StorageDir::Entry& e : entries) {
-    if (e.name != kMarkerFileName) return absl::OkStatus();
+    if (e.name != kMarkerFileName && !(e.is_dir && e.name == kMeetingDirName)) {
+      return absl::OkStatus();
+    }
   }
   ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
   return job_dir.RemoveTree(checkpoint, kMarkerFileName);

@@ -45,6 +45,9 @@ inline constexpr absl::string_view kLatestFileName = "LATEST";
 inline constexpr absl::string_view kLatestAlias = "latest";
 // "ckptd made this checkpoint directory" (docs/FORMAT.md).
 inline constexpr absl::string_view kMarkerFileName = ".ckptd-checkpoint";
+// Where several nodes meet to commit it, on a shared root
+// (storage/tree_local_commit.h): ckptd's too, and goes with it.
+inline constexpr absl::string_view kMeetingDirName = "local-commit";
 inline constexpr absl::string_view kMarkerContent = "ckptd checkpoint directory, format 1\n";
 
 class CheckpointStore {

@@ -6,7 +6,7 @@
 //                                the nodes meet in the checkpoint's
 //                                directory; whoever sees every node's
 //                                manifest writes COMMIT for all of them.
-//   storage/node_local_commit.h  a root per node (--node_local_root: the
+//   storage/tree_local_commit.h  a root per node (--node_local_root: the
 //                                node's own NVMe): no node sees the
 //                                others' manifests, so the nodes meet in
 //                                the remote tier, and each writes the

@@ -14,7 +14,7 @@
 #include "common/status.h"
 #include "format/manifest_check.h"
 #include "format/manifest_file.h"
-#include "storage/node_local_commit.h"
+#include "storage/tree_local_commit.h"
 
 namespace ckpt {
 
@@ -51,7 +51,7 @@ bool IsGroupRecordKey(absl::string_view rest) {
 }
 
 // A key of a tree commit's working state or its COMMIT, below its prefix
-// (the checkpoint's, or its node-local commit's: storage/node_local_commit.h).
+// (the checkpoint's, or its node-local commit's: storage/tree_local_commit.h).
 bool IsMeetingKey(absl::string_view rest) {
   return rest == "COMMIT" || IsNodeManifestKey(rest) || IsGroupRecordKey(rest) ||
          IsNoticeKey(rest);

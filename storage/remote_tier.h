@@ -169,6 +169,7 @@ class RemoteTier {
   void Stop();
 
   ObjectStore& remote() const { return *remote_; }
+  const std::shared_ptr<ObjectStore>& remote_store() const { return remote_; }
   // Uploads queued or running (ckptd_remote_backlog).
   size_t Backlog() const;
   uint32_t keep_last() const { return options_.retention.keep_last; }

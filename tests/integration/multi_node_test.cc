@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "client/ckpt_client.h"
 #include "integration/daemon_fixture.h"
+#include "integration/file_checks.h"
 
 namespace ckpt::testing {
 namespace {
@@ -75,11 +76,15 @@ TEST_CASE("every unique chunk is written exactly once and restores bit-exact "
   CHECK(JsonField(run.out, "verified") == "true");
   // Every layout includes a scalar that every rank holds: stored once too.
   CHECK(JsonNumber(run.out, "bytes_written") == JsonNumber(run.out, "unique_bytes"));
-  CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/COMMIT"));
+  const std::string dir = cluster.root() + "/job/step-00000002";
+  CHECK(std::filesystem::exists(dir + "/COMMIT"));
   for (uint32_t n = 0; n < scenario.nodes; ++n) {
-    CHECK(std::filesystem::exists(cluster.root() + "/job/step-00000002/node-000" +
-                                  std::to_string(n) + ".manifest"));
+    CHECK(std::filesystem::exists(dir + "/node-000" + std::to_string(n) + ".manifest"));
   }
+  // The nodes met in the checkpoint's directory (storage/tree_local_commit.h):
+  // COMMIT is the meeting's, byte for byte.
+  CHECK(ReadAll(dir + "/local-commit/COMMIT") == ReadAll(dir + "/COMMIT"));
+  CHECK(std::filesystem::exists(dir + "/local-commit/g-0000000/COMMITTED"));
 }
 
 TEST_CASE("stock torch.distributed.checkpoint loads an HSDP checkpoint that "

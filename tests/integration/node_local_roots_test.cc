@@ -1,6 +1,6 @@
 // Nodes with a root each (--node_local_root: each node's own NVMe, which no
 // other node sees): the nodes commit by meeting in the remote tier
-// (storage/node_local_commit.h), each writes the same COMMIT into its own
+// (storage/tree_local_commit.h), each writes the same COMMIT into its own
 // root, its files stay on its own disk, and the remote commit follows.
 #include <catch2/catch.hpp>
 #include <chrono>

@@ -236,6 +236,10 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(dir + "/node-0000.manifest"));
   CHECK(fs::exists(dir + "/theirs.safetensors"));
 
+  // The nodes' meeting (storage/tree_local_commit.h) does not keep it: it
+  // goes with the last node's files.
+  fs::create_directories(dir + "/local-commit/g-0000000");
+  OverwriteFile(dir + "/local-commit/g-0000000/node-0000001.manifest", "m");
   REQUIRE(f.store.RemoveNodePart("job", "step-1", 1, {"theirs.safetensors"}).ok());
   CHECK_FALSE(fs::exists(dir));
 }

@@ -270,7 +270,7 @@ TEST_CASE("remote retention leaves and reports objects ckptd does not write",
   REQUIRE(memory.Put("job/step-1/notes.txt", "mine").ok());
   REQUIRE(memory.Put("job/step-1/g-0000000/extra", "mine").ok());
   REQUIRE(memory.Put("job/README", "mine").ok());
-  // The node-local commit's keys (storage/node_local_commit.h) are ckptd's.
+  // The node-local commit's keys (storage/tree_local_commit.h) are ckptd's.
   REQUIRE(memory.Put("job/step-1/local-commit/COMMIT", "x").ok());
   REQUIRE(memory.Put("job/step-1/local-commit/g-0000000/node-0000000.manifest", "x").ok());
   REQUIRE(memory.Put("job/step-1/local-commit/groups/g-0000000.manifests", "x").ok());

@@ -1,9 +1,12 @@
-// The local commit of nodes with a root each (storage/node_local_commit.h):
-// they meet in the remote store, and each writes the meeting's COMMIT into
-// its own root; a node that crashed after the meeting finishes at start,
+// The local commit of several nodes through the tree commit
+// (storage/tree_local_commit.h). Nodes with a root each meet in the remote
+// store, and each writes the meeting's COMMIT into its own root; nodes
+// sharing a root meet in it, and the first to learn of the meeting's end
+// writes COMMIT. A node that crashed after the meeting finishes at start,
 // unless the meeting merged a manifest of it other than the one it has.
-#include "storage/node_local_commit.h"
+#include "storage/tree_local_commit.h"
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/commit_scale_sim.h"
 #include "storage/in_memory_object_store.h"
+#include "storage/posix_object_store.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -40,19 +44,21 @@ TreeCommitOptions Quick() {
 
 // A node with a root of its own, durable: its node manifest written.
 struct Node {
-  Node(uint32_t id, uint32_t nodes, const TreeCommitOptions& options, ObjectStore* remote)
-      : commit(&store, remote, id, options) {
+  Node(uint32_t id, uint32_t nodes, const TreeCommitOptions& options,
+       std::shared_ptr<ObjectStore> remote)
+      : commit(&store, std::move(remote), TreeLocalCommit::Root::kPerNode, id, options) {
     REQUIRE(store.PrepareForSave(kJob, kCheckpoint, id).ok());
     REQUIRE(store.WriteNodeManifest(SimulatedNodeManifest(id, nodes)).ok());
   }
   TempDir tmp;
   CheckpointStore store{tmp.path()};
-  NodeLocalCommit commit;
+  TreeLocalCommit commit;
 };
 
 // Calls every node's TryCommit until each is committed or failed; their
 // outcomes.
-std::vector<absl::Status> MeetAll(std::vector<std::unique_ptr<Node>>& nodes) {
+template <typename N>
+std::vector<absl::Status> MeetAll(std::vector<std::unique_ptr<N>>& nodes) {
   std::vector<std::optional<absl::Status>> outcome(nodes.size());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -78,13 +84,47 @@ std::vector<absl::Status> MeetAll(std::vector<std::unique_ptr<Node>>& nodes) {
 }
 
 // `count` durable nodes of one job, meeting in `remote`.
-std::vector<std::unique_ptr<Node>> DurableNodes(uint32_t count, ObjectStore* remote) {
+std::vector<std::unique_ptr<Node>> DurableNodes(uint32_t count,
+                                                const std::shared_ptr<ObjectStore>& remote) {
   std::vector<std::unique_ptr<Node>> nodes;
   for (uint32_t n = 0; n < count; ++n) {
     nodes.push_back(std::make_unique<Node>(n, count, Quick(), remote));
   }
   return nodes;
 }
+
+// Counts the renames onto COMMIT: how often a node wrote it.
+struct CountingOps : FileOps {
+  absl::Status Rename(const StorageDir& dir, const std::string& from,
+                      const std::string& to) override {
+    if (to == "COMMIT") ++commits;
+    return FileOps::Rename(dir, from, to);
+  }
+  std::atomic<int> commits{0};
+};
+
+// Nodes sharing one root, each with its own daemon's view of it (a
+// CheckpointStore and the directory driver over the same directory).
+struct SharedRoot {
+  TempDir tmp;
+  CountingOps ops;
+};
+struct SharedNode {
+  SharedNode(SharedRoot& root, uint32_t id, uint32_t nodes)
+      : store(root.tmp.path()),
+        commit(&store, Meeting(root.tmp.path()), TreeLocalCommit::Root::kShared, id, Quick(),
+               root.ops) {
+    REQUIRE(store.PrepareForSave(kJob, kCheckpoint, id).ok());
+    REQUIRE(store.WriteNodeManifest(SimulatedNodeManifest(id, nodes)).ok());
+  }
+  static std::shared_ptr<ObjectStore> Meeting(const std::string& root) {
+    absl::StatusOr<std::unique_ptr<PosixObjectStore>> store = PosixObjectStore::Open(root);
+    REQUIRE(store.ok());
+    return std::move(*store);
+  }
+  CheckpointStore store;
+  TreeLocalCommit commit;
+};
 
 std::string CommitBytes(const Node& node) {
   std::ifstream in(absl::StrCat(node.store.CheckpointDir(kJob, kCheckpoint), "/COMMIT"),
@@ -96,13 +136,13 @@ std::string CommitBytes(const Node& node) {
 
 TEST_CASE("nodes with a root each commit by meeting in the remote store: every root gets the "
           "meeting's COMMIT and LATEST",
-          "[node_local_commit]") {
-  InMemoryObjectStore remote;
-  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(3, &remote);
+          "[tree_local_commit]") {
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(3, remote);
   for (const absl::Status& s : MeetAll(nodes)) CHECK(s.ok());
-  const std::string prefix = NodeLocalCommit::MeetingPrefix(kJob, kCheckpoint);
+  const std::string prefix = TreeLocalCommit::MeetingPrefix(kJob, kCheckpoint);
   CHECK(prefix == "sim/step-1/local-commit/");
-  absl::StatusOr<std::string> met = GetSmallObject(remote, prefix + "COMMIT", 1 << 20);
+  absl::StatusOr<std::string> met = GetSmallObject(*remote, prefix + "COMMIT", 1 << 20);
   REQUIRE(met.ok());
   for (const auto& node : nodes) {
     CHECK(node->store.IsCommitted(kJob, kCheckpoint));
@@ -113,14 +153,50 @@ TEST_CASE("nodes with a root each commit by meeting in the remote store: every r
   }
   // Nothing of the meeting is outside its prefix: the remote commit's own
   // keys are still free.
-  absl::StatusOr<ObjectListing> all = remote.List("");
+  absl::StatusOr<ObjectListing> all = remote->List("");
   REQUIRE(all.ok());
   for (const ObjectInfo& object : all->objects) CHECK(absl::StartsWith(object.key, prefix));
 }
 
+TEST_CASE("nodes sharing a root commit by meeting inside the checkpoint's directory: the first "
+          "to learn of the meeting's end writes COMMIT, the others find it, LATEST names it",
+          "[tree_local_commit]") {
+  SharedRoot root;
+  std::vector<std::unique_ptr<SharedNode>> nodes;
+  for (uint32_t n = 0; n < 4; ++n) nodes.push_back(std::make_unique<SharedNode>(root, n, 4));
+  for (const absl::Status& s : MeetAll(nodes)) CHECK(s.ok());
+  CheckpointStore& store = nodes[0]->store;
+  CHECK(store.IsCommitted(kJob, kCheckpoint));
+  CHECK(root.ops.commits == 1);  // one node wrote it; three found it
+  absl::StatusOr<std::string> latest = store.ResolveLatest(kJob);
+  REQUIRE(latest.ok());
+  CHECK(*latest == kCheckpoint);
+  // The meeting's COMMIT is the one written, and lies in the checkpoint's
+  // directory, which retention removes as a whole.
+  const std::filesystem::path dir = store.CheckpointDir(kJob, kCheckpoint);
+  std::ifstream met(dir / "local-commit" / "COMMIT", std::ios::binary);
+  REQUIRE(met.good());
+  std::ifstream written(dir / "COMMIT", std::ios::binary);
+  CHECK(std::string(std::istreambuf_iterator<char>(met), {}) ==
+        std::string(std::istreambuf_iterator<char>(written), {}));
+  absl::StatusOr<v1::CommitRecord> record = store.ReadCommit(kJob, kCheckpoint);
+  REQUIRE(record.ok());
+  CHECK(record->index().nodes() == 4);
+
+  SECTION("a node that crashed after the meeting, before COMMIT, finishes it at start") {
+    REQUIRE(std::filesystem::remove(dir / "COMMIT"));
+    CHECK(nodes[2]->commit.RollForward() == std::vector<std::string>{"sim/step-1"});
+    CHECK(store.IsCommitted(kJob, kCheckpoint));
+  }
+  SECTION("retention removes the meeting with the checkpoint") {
+    REQUIRE(store.DeleteCommitted(kJob, kCheckpoint).ok());
+    CHECK(!std::filesystem::exists(dir));
+  }
+}
+
 TEST_CASE("the meeting polls every 50 ms for a few nodes, as the remote commit does (0.4 s) "
           "from 1,000 nodes on, in proportion between",
-          "[node_local_commit]") {
+          "[tree_local_commit]") {
   CHECK(MeetingPollInterval(2) == absl::Milliseconds(50));
   CHECK(MeetingPollInterval(125) == absl::Milliseconds(50));
   CHECK(MeetingPollInterval(500) == absl::Milliseconds(200));
@@ -130,12 +206,12 @@ TEST_CASE("the meeting polls every 50 ms for a few nodes, as the remote commit d
 
 TEST_CASE("a node that never publishes ends the others' meeting at its timeout, naming what they "
           "waited for",
-          "[node_local_commit]") {
-  InMemoryObjectStore remote;
+          "[tree_local_commit]") {
+  auto remote = std::make_shared<InMemoryObjectStore>();
   TreeCommitOptions options = Quick();
   options.timeout = absl::Milliseconds(300);
   std::vector<std::unique_ptr<Node>> nodes;
-  nodes.push_back(std::make_unique<Node>(0, 2, options, &remote));
+  nodes.push_back(std::make_unique<Node>(0, 2, options, remote));
   // Node 1 of 2 never becomes durable.
   absl::Status outcome;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -150,16 +226,16 @@ TEST_CASE("a node that never publishes ends the others' meeting at its timeout, 
   }
   INFO(outcome.ToString());
   REQUIRE(!outcome.ok());
-  CHECK(absl::StrContains(outcome.message(), "meeting in the remote tier"));
+  CHECK(absl::StrContains(outcome.message(), "nodes' meeting"));
   CHECK(absl::StrContains(outcome.message(), "local-commit"));
   CHECK(!nodes[0]->store.IsCommitted(kJob, kCheckpoint));
 }
 
 TEST_CASE("a node that crashed after the meeting commits at start, unless the meeting merged "
           "another manifest of it than the one it has",
-          "[node_local_commit]") {
-  InMemoryObjectStore remote;
-  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(2, &remote);
+          "[tree_local_commit]") {
+  auto remote = std::make_shared<InMemoryObjectStore>();
+  std::vector<std::unique_ptr<Node>> nodes = DurableNodes(2, remote);
   for (const absl::Status& s : MeetAll(nodes)) REQUIRE(s.ok());
   Node& crashed = *nodes[1];
   const std::string commit = CommitBytes(crashed);

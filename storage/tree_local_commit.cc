@@ -1,4 +1,4 @@
-#include "storage/node_local_commit.h"
+#include "storage/tree_local_commit.h"
 
 #include <algorithm>
 #include <set>
@@ -71,17 +71,22 @@ absl::Duration MeetingPollInterval(uint32_t nodes) {
                     absl::Milliseconds(50), TreeCommitOptions().poll_interval);
 }
 
-NodeLocalCommit::NodeLocalCommit(const CheckpointStore* store, ObjectStore* remote,
+TreeLocalCommit::TreeLocalCommit(const CheckpointStore* store,
+                                 std::shared_ptr<ObjectStore> meeting, Root root,
                                  uint32_t node_id, TreeCommitOptions options, FileOps& ops)
-    : store_(store), remote_(remote), node_id_(node_id), options_(options), ops_(ops) {}
+    : store_(store),
+      meeting_(std::move(meeting)),
+      root_(root),
+      node_id_(node_id),
+      options_(options),
+      ops_(ops) {}
 
-std::string NodeLocalCommit::MeetingPrefix(absl::string_view job, absl::string_view checkpoint) {
+std::string TreeLocalCommit::MeetingPrefix(absl::string_view job, absl::string_view checkpoint) {
   return absl::StrCat(job, "/", checkpoint, "/", kLocalCommitPrefix);
 }
 
-absl::StatusOr<bool> NodeLocalCommit::TryCommit(const std::string& job,
+absl::StatusOr<bool> TreeLocalCommit::TryCommit(const std::string& job,
                                                 const std::string& checkpoint, uint32_t nodes) {
-  if (store_->IsCommitted(job, checkpoint)) return true;  // rolled forward at start
   std::shared_ptr<Meeting> meeting;
   {
     absl::MutexLock lock(&mu_);
@@ -90,6 +95,13 @@ absl::StatusOr<bool> NodeLocalCommit::TryCommit(const std::string& job,
   }
   const absl::Time now = absl::Now();
   if (meeting == nullptr) {
+    // Rolled forward at start; on a shared root, perhaps by another node.
+    // Checked once, not at every poll: on a shared root every node's poll
+    // would reach the one file, which the tree keeps them from doing.
+    if (store_->IsCommitted(job, checkpoint)) {
+      if (root_ == Root::kShared) MoveLatestTo(job, checkpoint);
+      return true;
+    }
     ASSIGN_OR_RETURN(v1::Manifest manifest, store_->ReadNodeManifest(job, checkpoint, node_id_));
     if (manifest.nodes() != nodes || manifest.node_id() != node_id_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -97,7 +109,7 @@ absl::StatusOr<bool> NodeLocalCommit::TryCommit(const std::string& job,
           manifest.nodes(), ", not ", node_id_, " of ", nodes));
     }
     meeting = std::make_shared<Meeting>(Meeting{
-        TreeCommitNode(*remote_, MeetingPrefix(job, checkpoint), std::move(manifest), options_,
+        TreeCommitNode(*meeting_, MeetingPrefix(job, checkpoint), std::move(manifest), options_,
                        now),
         now});
     absl::MutexLock lock(&mu_);
@@ -111,15 +123,15 @@ absl::StatusOr<bool> NodeLocalCommit::TryCommit(const std::string& job,
   Forget(job, checkpoint);
   if (!meeting->node.outcome().ok()) {
     return Annotate(meeting->node.outcome(),
-                    absl::StrCat("node ", node_id_, ": the nodes' meeting in the remote tier (",
-                                 remote_->Describe(MeetingPrefix(job, checkpoint)), ")"));
+                    absl::StrCat("node ", node_id_, ": the nodes' meeting (",
+                                 meeting_->Describe(MeetingPrefix(job, checkpoint)), ")"));
   }
   CrashPoint("LOCAL_COMMIT", "met");
   RETURN_IF_ERROR(WriteLocally(job, checkpoint));
   return true;
 }
 
-std::string NodeLocalCommit::Waiting(const std::string& job, const std::string& checkpoint,
+std::string TreeLocalCommit::Waiting(const std::string& job, const std::string& checkpoint,
                                      uint32_t nodes) {
   std::shared_ptr<Meeting> meeting;
   {
@@ -127,24 +139,24 @@ std::string NodeLocalCommit::Waiting(const std::string& job, const std::string& 
     auto it = meetings_.find({job, checkpoint});
     if (it != meetings_.end()) meeting = it->second;
   }
-  std::string what = absl::StrCat("the ", nodes, " nodes' meeting in the remote tier (",
-                                  remote_->Describe(MeetingPrefix(job, checkpoint)), ")");
+  std::string what = absl::StrCat("the ", nodes, " nodes' meeting (",
+                                  meeting_->Describe(MeetingPrefix(job, checkpoint)), ")");
   if (meeting != nullptr && !meeting->node.last_failure().ok()) {
     absl::StrAppend(&what, "; its last failed request: ", meeting->node.last_failure().message());
   }
   return what;
 }
 
-void NodeLocalCommit::Forget(const std::string& job, const std::string& checkpoint) {
+void TreeLocalCommit::Forget(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
   meetings_.erase({job, checkpoint});
 }
 
-absl::Status NodeLocalCommit::WriteLocally(const std::string& job,
+absl::Status TreeLocalCommit::WriteLocally(const std::string& job,
                                            const std::string& checkpoint) {
   const std::string key = absl::StrCat(MeetingPrefix(job, checkpoint), kCommitFileName);
-  const std::string where = remote_->Describe(key);
-  ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(*remote_, key, kMaxFramedFileBytes));
+  const std::string where = meeting_->Describe(key);
+  ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(*meeting_, key, kMaxFramedFileBytes));
   ASSIGN_OR_RETURN(v1::CommitRecord record, ParseCommitFile(bytes, where));
   if (record.index().job() != job || record.index().checkpoint() != checkpoint) {
     return absl::DataLossError(absl::StrCat(where, " holds the COMMIT of ", record.index().job(),
@@ -152,9 +164,13 @@ absl::Status NodeLocalCommit::WriteLocally(const std::string& job,
   }
   ASSIGN_OR_RETURN(v1::Manifest mine, store_->ReadNodeManifest(job, checkpoint, node_id_));
   RETURN_IF_ERROR(HoldsThisPart(record, mine, where));
+  if (root_ == Root::kShared && store_->IsCommitted(job, checkpoint)) {
+    // Another node got there first (the same bytes).
+    MoveLatestTo(job, checkpoint);
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(store_->WriteCommit(record, ops_));
-  // COMMIT is durable: committed here even if LATEST cannot move (as with
-  // a shared root).
+  // COMMIT is durable: committed here even if LATEST cannot move.
   absl::Status latest =
       store_->UpdateLatest(job, checkpoint, record.committed_unix_micros(), ops_);
   if (!latest.ok()) {
@@ -164,11 +180,28 @@ absl::Status NodeLocalCommit::WriteLocally(const std::string& job,
   return absl::OkStatus();
 }
 
-std::vector<std::string> NodeLocalCommit::RollForward() {
+void TreeLocalCommit::MoveLatestTo(const std::string& job, const std::string& checkpoint) {
+  // The node that wrote COMMIT moves LATEST after it; one that crashed
+  // between the two did not, and a trainer here told "committed" may load
+  // "latest" at once. So this node moves it too, unless it names the
+  // checkpoint already (one read, the common case).
+  absl::StatusOr<std::string> latest = store_->ResolveLatest(job);
+  if (latest.ok() && *latest == checkpoint) return;
+  absl::Status moved = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(v1::CommitRecord record, store_->ReadCommit(job, checkpoint));
+    return store_->UpdateLatest(job, checkpoint, record.committed_unix_micros(), ops_);
+  }();
+  if (!moved.ok()) {
+    LogError(LogFields().Job(job).Checkpoint(checkpoint),
+             "committed by another node; LATEST not updated here: ", moved.ToString());
+  }
+}
+
+std::vector<std::string> TreeLocalCommit::RollForward() {
   std::vector<std::string> finished;
   absl::StatusOr<std::vector<v1::CheckpointInfo>> all = store_->List("");
   if (!all.ok()) {
-    LogError("node-local commit at start: cannot list the root: ", all.status().ToString());
+    LogError("local commit at start: cannot list the root: ", all.status().ToString());
     return finished;
   }
   for (const v1::CheckpointInfo& c : *all) {
@@ -178,16 +211,16 @@ std::vector<std::string> NodeLocalCommit::RollForward() {
       continue;  // this node never became durable: it can never commit
     }
     const std::string key = absl::StrCat(MeetingPrefix(c.job(), c.checkpoint()), kCommitFileName);
-    absl::StatusOr<ObjectInfo> met = remote_->Head(key);
+    absl::StatusOr<ObjectInfo> met = meeting_->Head(key);
     if (absl::IsNotFound(met.status())) continue;
     absl::Status written = met.ok() ? WriteLocally(c.job(), c.checkpoint()) : met.status();
     if (!written.ok()) {
       LogError(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
-               "node-local commit at start: left uncommitted: ", written.ToString());
+               "local commit at start: left uncommitted: ", written.ToString());
       continue;
     }
     LogInfo(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
-            "node-local commit at start: the nodes had met in the remote tier; committed here");
+            "local commit at start: the nodes had met; committed here");
     finished.push_back(absl::StrCat(c.job(), "/", c.checkpoint()));
   }
   return finished;
