@@ -1,23 +1,26 @@
+// Loader (restore/loader.h): gathering a node's load requests into rounds,
+// planning and merging them, and reading each round's data files on the I/O
+// workers from the memory tier or storage. Reading from the remote tier (a
+// checkpoint committed only there, or a local file it mends) is in
+// restore/remote_read.cc.
 #include "restore/loader.h"
 
 #include <algorithm>
 #include <atomic>
-#include <future>
 #include <optional>
 #include <set>
 
-#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/daemon_metrics.h"
-#include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "format/data_file_header.h"
-#include "google/protobuf/util/message_differencer.h"
+#include "restore/kept_images.h"
 #include "restore/load_plan.h"
 #include "restore/read_split.h"
+#include "restore/remote_read.h"
 #include "restore/shard_reader.h"
 
 namespace ckpt {
@@ -68,55 +71,18 @@ struct RoundRun {
   // Set when the checkpoint is read from the remote tier (no local files).
   const RemoteTier* remote = nullptr;
   // The remote tier a local file that cannot be read is read from instead
-  // (MendFromRemote); null when the round reads the remote tier anyway or
-  // the daemon has none.
-  const RemoteTier* fallback = nullptr;
-  std::atomic<size_t> files_from_fallback{0};
-
-  // OK if the remote tier holds this very checkpoint: its COMMIT equal to
-  // the local one, so its files are the ones the local checksums describe.
-  // Asked once per round, by the first file that needs it.
-  absl::Status FallbackHoldsSame() {
-    absl::call_once(fallback_checked_, [this] {
-      absl::StatusOr<v1::CommitRecord> there = fallback->ReadCommit(job, checkpoint);
-      if (absl::IsNotFound(there.status())) there = AwaitRemoteCommit(std::move(there).status());
-      if (!there.ok()) {
-        fallback_status_ = there.status();
-      } else if (!google::protobuf::util::MessageDifferencer::Equals(*there, record)) {
-        fallback_status_ = absl::FailedPreconditionError(absl::StrCat(
-            "the remote tier's COMMIT of ", job, "/", checkpoint,
-            " differs from the local one"));
-      }
-    });
-    return fallback_status_;
-  }
-
-  // The remote COMMIT was not there (`not_there`). With a root per node
-  // (storage/tree_local_commit.h) a checkpoint is committed on every
-  // node's disk while its upload still runs, and another node's files
-  // reach the remote tier only with it: if this daemon's upload of the
-  // checkpoint is queued or running, waits for it to end (the upload
-  // timeout bounds it), then reads the remote COMMIT again.
-  absl::StatusOr<v1::CommitRecord> AwaitRemoteCommit(absl::Status not_there) {
-    std::optional<RemoteProgress> upload = fallback->Progress(job, checkpoint);
-    if (!upload.has_value() || upload->state == RemoteState::kFailed) return not_there;
-    if (upload->state != RemoteState::kCommitted) {
-      LogInfo(LogFields().Job(job).Checkpoint(checkpoint),
-              "load: waiting for the remote commit, which brings the other nodes' files");
-      upload = fallback->WaitFor(job, checkpoint, fallback->upload_timeout());
-    }
-    if (!upload.has_value()) return not_there;
-    if (upload->state == RemoteState::kFailed) {
-      return absl::Status(not_there.code(),
-                          absl::StrCat(not_there.message(), "; its upload failed: ", upload->error));
-    }
-    return fallback->ReadCommit(job, checkpoint);
-  }
+  // (restore/remote_read.h); empty when the round reads the remote tier
+  // anyway or the daemon has none.
+  std::optional<RemoteFallback> fallback;
 
   void Finish() {
     if (leases != nullptr) leases->Release(job, checkpoint);
     // Every fetch of the round has ended: its reused mappings may go.
-    if (const RemoteTier* tier = remote != nullptr ? remote : fallback) tier->TrimFetchBuffers();
+    if (remote != nullptr) {
+      remote->TrimFetchBuffers();
+    } else if (fallback.has_value()) {
+      fallback->tier().TrimFetchBuffers();
+    }
     for (Entry& e : entries) {
       // A load cancelled while its files were read skipped its writes: it
       // did not load, whatever the reads said.
@@ -129,143 +95,16 @@ struct RoundRun {
       }
       e.response.set_bytes_read(bytes_read.load());
       const size_t from_memory = files_from_memory.load();
-      e.response.set_source(remote != nullptr                ? "remote"
-                            : files_from_fallback.load() > 0 ? "storage+remote"
-                            : from_memory == 0               ? "storage"
-                            : from_memory == files.size()    ? "memory"
-                                                             : "mixed");
+      const bool mended = fallback.has_value() && fallback->files_mended() > 0;
+      e.response.set_source(remote != nullptr             ? "remote"
+                            : mended                      ? "storage+remote"
+                            : from_memory == 0            ? "storage"
+                            : from_memory == files.size() ? "memory"
+                                                          : "mixed");
       e.done(std::move(e.response));
     }
   }
-
- private:
-  absl::once_flag fallback_checked_;
-  absl::Status fallback_status_;  // set once, by FallbackHoldsSame
 };
-
-void KeepImagesForever(const std::vector<std::shared_ptr<const FileImage>>& images);
-
-// Whether a local file's read failed in a way its remote copy can mend:
-// the file missing, unreadable, short or failing its checksums, an I/O
-// error. Not a cancelled load, a pool or memory shortage, or memory a GPU
-// copy may still read: those would fail the same way again.
-bool RemoteCopyMayMend(const absl::Status& status) {
-  if (HostMemoryInUse(status)) return false;
-  switch (status.code()) {
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kUnknown:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Reads `request` from the remote tier's copy of its file, window by
-// window: each window's bytes (ShardReader::Extent) are fetched with ranged
-// GETs into memory and verified block by block like a memory-tier image, so
-// a file of any size restores within the tier's fetch_bytes. A window is
-// one round of the tier's requests in flight (RemoteTier::
-// fetch_window_bytes, cut at checksum blocks), and the next window is
-// fetched while this one is verified and copied, where the fetch memory is
-// free for it: the network is not left idle while the CPU checks a window,
-// nor the CPU while a window arrives. Returns the bytes fetched.
-absl::StatusOr<uint64_t> ReadFromRemote(const RoundRun& run, const RemoteTier& tier,
-                                        const ShardReadRequest& request, ShardReader& reader) {
-  uint64_t widened = 0;  // a zero block size is refused by Extent below
-  for (const ItemRead& item : request.items) {
-    if (request.checksum_block_bytes == 0 || !ItemReadInBounds(item, request.file_size)) break;
-    const FileRange range = WidenedItemRange(item, request.checksum_block_bytes);
-    widened += range.end - std::min(range.begin, range.end);
-  }
-  const uint64_t window = tier.fetch_window_bytes();
-  const size_t windows = static_cast<size_t>(std::max<uint64_t>((widened + window - 1) / window, 1));
-  std::vector<ShardReadRequest> parts = SplitShardRead(request, windows, /*min_part_bytes=*/0);
-  std::vector<FileRange> extents;
-  extents.reserve(parts.size());
-  for (const ShardReadRequest& part : parts) {
-    ASSIGN_OR_RETURN(const FileRange extent, reader.Extent(part));
-    extents.push_back(extent);
-  }
-  using Fetched = absl::StatusOr<std::shared_ptr<const FileImage>>;
-  auto fetch = [&](size_t i, RemoteTier::FetchMemory memory) -> Fetched {
-    return tier.FetchRange(run.job, run.checkpoint, parts[i].name, parts[i].file_size,
-                           extents[i].begin, extents[i].end - extents[i].begin, memory);
-  };
-  auto next_window = [&](size_t after) {
-    size_t i = after;
-    while (i < parts.size() && extents[i].end <= extents[i].begin) ++i;
-    return i;
-  };
-  uint64_t fetched = 0;
-  // The read-ahead of the next window: its thread ends before this returns
-  // (a std::async future's destructor waits), whatever way it returns.
-  std::future<Fetched> ahead;
-  size_t ahead_index = parts.size();
-  for (size_t i = next_window(0); i < parts.size(); i = next_window(i + 1)) {
-    std::shared_ptr<const FileImage> image;
-    if (ahead.valid() && ahead_index == i) {
-      ASSIGN_OR_RETURN(image, ahead.get());  // null: its memory was not free
-    }
-    // Waits for memory only while this read holds none (no read-ahead
-    // running, no window held), so reads never wait for each other.
-    if (image == nullptr) {
-      ASSIGN_OR_RETURN(image, fetch(i, RemoteTier::FetchMemory::kWait));
-    }
-    ahead_index = next_window(i + 1);
-    if (ahead_index < parts.size()) {
-      ahead = std::async(std::launch::async, fetch, ahead_index,
-                         RemoteTier::FetchMemory::kIfFree);
-    }
-    ShardReadRequest& part = parts[i];
-    part.memory_image = image->data();
-    part.memory_image_offset = extents[i].begin;
-    part.memory_image_end = extents[i].end;
-    absl::StatusOr<uint64_t> n = reader.Read(part);
-    if (!n.ok()) {
-      if (HostMemoryInUse(n.status())) KeepImagesForever({image});
-      return n.status();
-    }
-    fetched += image->size();
-  }
-  DaemonMetrics::Get().read_bytes_remote.Add(fetched);
-  return fetched;
-}
-
-// A local file that could not be read (`local_error`) read from the remote
-// tier's copy of the same checkpoint instead, verified against the same
-// per-block checksums (a remote copy damaged too fails as the local one
-// did). Returns the bytes fetched, or the local error with why the remote
-// copy did not mend it.
-absl::StatusOr<uint64_t> MendFromRemote(RoundRun& run, const ShardReadRequest& request,
-                                        ShardReader& reader, const absl::Status& local_error) {
-  auto unmended = [&](const absl::Status& why) {
-    return absl::Status(local_error.code(),
-                        absl::StrCat(local_error.message(), " (the remote tier's copy did not "
-                                     "mend it: ", why.message(), ")"));
-  };
-  if (absl::Status same = run.FallbackHoldsSame(); !same.ok()) return unmended(same);
-  LogWarning("load of ", run.job, "/", run.checkpoint, ": local file ", request.name,
-             " could not be read (", local_error.message(),
-             "); reading the remote tier's copy");
-  absl::StatusOr<uint64_t> n = ReadFromRemote(run, *run.fallback, request, reader);
-  if (!n.ok()) return unmended(n.status());
-  ++run.files_from_fallback;
-  return n;
-}
-
-void KeepImagesForever(const std::vector<std::shared_ptr<const FileImage>>& images) {
-  if (images.empty()) return;
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* kept = new std::vector<std::shared_ptr<const FileImage>>();
-  absl::MutexLock lock(&mu);
-  LogError("keeping ", images.size(), " memory tier images for the daemon's life: "
-           "copies from them into GPU memory did not end");
-  kept->insert(kept->end(), images.begin(), images.end());
-}
 
 // `done`, counting the load's outcome and duration (from now) first.
 Loader::Done Measured(Loader::Done done) {
@@ -366,7 +205,9 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
   }
   std::map<int, std::vector<Delivery>> deliveries = MergeLoadPlans(&plans);
   plans.clear();
-  if (run->remote == nullptr) run->fallback = remote;
+  if (run->remote == nullptr && remote != nullptr) {
+    run->fallback.emplace(*remote, run->job, run->checkpoint, run->record);
+  }
   if (!deliveries.empty() && run->remote == nullptr) {
     auto dir = store->OpenCheckpoint(index.job(), index.checkpoint());
     if (!dir.ok()) {
@@ -462,12 +303,12 @@ void RunRound(std::shared_ptr<RoundRun> run, const CheckpointStore* store,
         ShardReader reader(pool, &queue);
         if (run->remote != nullptr) {
           // Fetched bytes are the ones read from the (remote) storage.
-          n = ReadFromRemote(*run, *run->remote, read.request, reader);
+          n = ReadFromRemote(*run->remote, run->job, run->checkpoint, read.request, reader);
         } else {
           n = reader.Read(read.request);
-          if (!n.ok() && run->fallback != nullptr && read.request.memory_image == nullptr &&
+          if (!n.ok() && run->fallback.has_value() && read.request.memory_image == nullptr &&
               RemoteCopyMayMend(n.status())) {
-            n = MendFromRemote(*run, read.request, reader, n.status());
+            n = run->fallback->Mend(read.request, reader, n.status());
           }
         }
       } else {

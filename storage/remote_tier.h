@@ -191,7 +191,7 @@ class RemoteTier {
   // (part_size each, fetch_requests_in_flight at once), within
   // fetch_bytes. With kIfFree, null (and OK) when the memory is not free
   // now. A file larger than a window is fetched window by window
-  // (restore/loader.cc). The bytes are not verified here: the reader
+  // (restore/remote_read.cc). The bytes are not verified here: the reader
   // verifies every block, as from storage.
   absl::StatusOr<std::shared_ptr<const FileImage>> FetchRange(
       const std::string& job, const std::string& checkpoint, const std::string& file,
