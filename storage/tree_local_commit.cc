@@ -111,9 +111,22 @@ absl::StatusOr<bool> TreeLocalCommit::TryCommit(const std::string& job,
     meeting = std::make_shared<Meeting>(Meeting{
         TreeCommitNode(*meeting_, MeetingPrefix(job, checkpoint), std::move(manifest), options_,
                        now),
-        now});
+        now, now + options_.fallback_interval});
     absl::MutexLock lock(&mu_);
     meetings_.emplace(std::make_pair(job, checkpoint), meeting);
+  }
+  if (root_ == Root::kShared && now >= meeting->next_commit_check) {
+    // Once a fallback interval (as the tree's own slow checks): a COMMIT
+    // the meeting did not bring, written by a node of a version that
+    // commits by listing the directory (an upgrade under way; the listing
+    // protocol wrote the same bytes), is found within it, not only at the
+    // commit timeout.
+    meeting->next_commit_check = now + options_.fallback_interval;
+    if (store_->IsCommitted(job, checkpoint)) {
+      Forget(job, checkpoint);
+      MoveLatestTo(job, checkpoint);
+      return true;
+    }
   }
   if (now < meeting->next) return false;
   if (std::optional<absl::Time> next = meeting->node.Advance(now)) {

@@ -108,6 +108,9 @@ class TreeLocalCommit : public LocalCommit {
   struct Meeting {
     TreeCommitNode node;
     absl::Time next;
+    // Root::kShared: when to look whether COMMIT is there all the same
+    // (TryCommit).
+    absl::Time next_commit_check;
   };
 
   // Reads the meeting's COMMIT, checks that it is this checkpoint's and

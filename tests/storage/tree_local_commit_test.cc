@@ -22,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bench/commit_scale_sim.h"
+#include "storage/commit_protocol.h"
 #include "storage/in_memory_object_store.h"
 #include "storage/posix_object_store.h"
 #include "support/temp_dir.h"
@@ -192,6 +193,30 @@ TEST_CASE("nodes sharing a root commit by meeting inside the checkpoint's direct
     REQUIRE(store.DeleteCommitted(kJob, kCheckpoint).ok());
     CHECK(!std::filesystem::exists(dir));
   }
+}
+
+TEST_CASE("on a shared root, a COMMIT that a node of an older version wrote by listing the "
+          "directory ends the meeting within a fallback interval, not at the commit timeout",
+          "[tree_local_commit]") {
+  SharedRoot root;
+  SharedNode upgraded(root, 0, 2);
+  SharedNode older(root, 1, 2);  // durable, but never joins the meeting
+  REQUIRE(upgraded.commit.TryCommit(kJob, kCheckpoint, 2).value() == false);
+  CommitProtocol listing(&older.store);
+  REQUIRE(listing.TryCommit(kJob, kCheckpoint, 2).value());
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<bool> committed = false;
+  while (committed.ok() && !*committed &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    committed = upgraded.commit.TryCommit(kJob, kCheckpoint, 2);
+  }
+  REQUIRE(committed.ok());
+  CHECK(*committed);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));  // fallback: 1 s
+  absl::StatusOr<std::string> latest = upgraded.store.ResolveLatest(kJob);
+  REQUIRE(latest.ok());
+  CHECK(*latest == kCheckpoint);
 }
 
 TEST_CASE("the meeting polls every 50 ms for a few nodes, as the remote commit does (0.4 s) "
