@@ -110,7 +110,9 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
                .write_rate_limit = options.write_rate_limit},
               store, pool, tier, board_.get(), file_ops),
       watcher_(kCommitPollInterval),
-      remote_commits_(kCommitPollInterval) {}
+      // As often as the nodes' meeting polls (a few nodes: 10 ms), so that
+      // its steps do not wait for this watcher's tick.
+      remote_commits_(std::min(kCommitPollInterval, MeetingPollInterval(options.nodes))) {}
 
 absl::StatusOr<uint64_t> SaveCoordinator::Submit(
     const std::shared_ptr<Session>& session, const v1::SaveRequest& request,

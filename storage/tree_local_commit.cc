@@ -68,7 +68,7 @@ absl::Status HoldsThisPart(const v1::CommitRecord& record, const v1::Manifest& m
 
 absl::Duration MeetingPollInterval(uint32_t nodes) {
   return std::clamp(TreeCommitOptions().poll_interval * (static_cast<double>(nodes) / 1000),
-                    absl::Milliseconds(50), TreeCommitOptions().poll_interval);
+                    absl::Milliseconds(10), TreeCommitOptions().poll_interval);
 }
 
 TreeLocalCommit::TreeLocalCommit(const CheckpointStore* store,

@@ -219,10 +219,11 @@ TEST_CASE("on a shared root, a COMMIT that a node of an older version wrote by l
   CHECK(*latest == kCheckpoint);
 }
 
-TEST_CASE("the meeting polls every 50 ms for a few nodes, as the remote commit does (0.4 s) "
+TEST_CASE("the meeting polls every 10 ms for a few nodes, as the remote commit does (0.4 s) "
           "from 1,000 nodes on, in proportion between",
           "[tree_local_commit]") {
-  CHECK(MeetingPollInterval(2) == absl::Milliseconds(50));
+  CHECK(MeetingPollInterval(2) == absl::Milliseconds(10));
+  CHECK(MeetingPollInterval(25) == absl::Milliseconds(10));
   CHECK(MeetingPollInterval(125) == absl::Milliseconds(50));
   CHECK(MeetingPollInterval(500) == absl::Milliseconds(200));
   CHECK(MeetingPollInterval(1000) == absl::Milliseconds(400));
