@@ -1,3 +1,6 @@
+// RemoteTier (storage/remote_tier.h): the queue, the tier's thread and the
+// uploads with their remote commit. Restores' reads are in remote_tier_reads.cc,
+// resuming at start in remote_tier_resume.cc, retention in remote_tier_retention.cc.
 #include "storage/remote_tier.h"
 
 #include <fcntl.h>
@@ -6,35 +9,26 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <map>
-#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/crash_point.h"
 #include "common/daemon_metrics.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "format/manifest_check.h"
+#include "storage/remote_tier_internal.h"
 
 namespace ckpt {
+
+using remote_tier_internal::CheckpointPrefix;
 
 namespace {
 
 constexpr uint64_t kDirectIoBlock = 4096;
-// "<checkpoint>\n<committed_unix_micros>\n" is well under this.
-constexpr size_t kMaxRemoteLatestBytes = 1024;
-
-std::string CheckpointPrefix(const std::string& job, const std::string& checkpoint) {
-  return absl::StrCat(job, "/", checkpoint, "/");
-}
 
 bool Same(const RemoteProgress& p, const std::string& job, const std::string& checkpoint) {
   return p.job == job && p.checkpoint == checkpoint;
@@ -185,80 +179,6 @@ std::vector<RemoteTier::UploadEnded> RemoteTier::EndLocked(Upload& upload,
   // callback hears it), local retention may take the checkpoint.
   upload.lease.reset();
   return std::exchange(upload.ended, {});
-}
-
-void RemoteTier::ResumeUnfinished() {
-  absl::MutexLock lock(&mu_);
-  resume_pending_ = true;
-}
-
-void RemoteTier::FindUnfinished() {
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = local_->List("");
-  if (!all.ok()) {
-    LogWarning("remote tier: cannot list the local checkpoints to resume their uploads: ",
-               all.status().ToString());
-    return;
-  }
-  std::vector<v1::CheckpointInfo> committed;
-  for (const v1::CheckpointInfo& c : *all) {
-    if (c.committed()) committed.push_back(c);
-  }
-  std::sort(committed.begin(), committed.end(), [](const auto& a, const auto& b) {
-    return a.committed_unix_micros() > b.committed_unix_micros();
-  });
-  int resumed = 0;
-  std::set<std::string> latest_checked;  // jobs
-  // Remote LATEST's commit time per job, read once (0: none).
-  std::map<std::string, int64_t> latest_of;
-  for (const v1::CheckpointInfo& c : committed) {
-    if (stopping_.load()) return;
-    // Only checkpoints this node has a part of (its manifest is there).
-    if (!local_->ReadNodeManifest(c.job(), c.checkpoint(), options_.node_id).ok()) continue;
-    const std::string commit_key = absl::StrCat(CheckpointPrefix(c.job(), c.checkpoint()),
-                                                "COMMIT");
-    absl::StatusOr<ObjectInfo> remote_commit = remote_->Head(commit_key);
-    if (remote_commit.ok()) {
-      // A daemon killed between writing COMMIT and moving the remote LATEST
-      // (found by the crash test at REMOTE.commit_written) left LATEST
-      // naming an older checkpoint: a replacement node restoring "latest"
-      // from the remote tier would take that one. The upload itself is
-      // done, so it is not queued again; the root moves LATEST forward for
-      // the newest one committed there (UpdateLatest never moves it back).
-      // The root only: one request per job at start, not one per node.
-      if (options_.node_id == 0 && latest_checked.insert(c.job()).second) {
-        absl::Status latest = UpdateLatest(c.job(), c.checkpoint());
-        if (!latest.ok()) {
-          LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
-                     "remote tier: cannot check the remote LATEST at start: ",
-                     latest.ToString());
-        }
-      }
-      continue;
-    }
-    if (!absl::IsNotFound(remote_commit.status())) {
-      LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
-                 "remote tier: cannot tell whether it is committed there: ",
-                 remote_commit.status().ToString());
-      continue;
-    }
-    if (options_.retention.keep_last > 0 && OlderThanRemoteLatest(c, latest_of)) {
-      continue;  // retention would delete it (it may be one it deleted)
-    }
-    absl::MutexLock lock(&mu_);
-    absl::Status queued = EnqueueLocked(c.job(), c.checkpoint(), /*resumed=*/true);
-    if (absl::IsResourceExhausted(queued)) break;
-    if (!queued.ok()) {
-      LogWarning(LogFields().Job(c.job()).Checkpoint(c.checkpoint()),
-                 "remote tier: not resumed: ", queued.ToString());
-      continue;
-    }
-    ++resumed;
-  }
-  if (resumed > 0) {
-    LogInfo("remote tier: resuming ", resumed,
-            " upload(s) an earlier daemon left unfinished, newest first");
-  }
-  RetainAtStart();
 }
 
 size_t RemoteTier::Backlog() const {
@@ -531,138 +451,6 @@ absl::Status RemoteTier::UploadFile(const std::string& job, const std::string& c
   RETURN_IF_ERROR(Annotate(remote_->PutFromSource(key, size, source, options_.part_size), what));
   Update(upload, RemoteState::kUploading, 0, 1);
   return absl::OkStatus();
-}
-
-uint64_t RemoteTier::fetch_window_bytes() const {
-  const uint64_t round =
-      options_.part_size * std::max<uint64_t>(options_.fetch_requests_in_flight, 1);
-  return std::max<uint64_t>(std::min(round, options_.fetch_bytes / 4), 1);
-}
-
-std::string RemoteTier::DescribeFile(const std::string& job, const std::string& checkpoint,
-                                     const std::string& file) const {
-  return remote_->Describe(absl::StrCat(CheckpointPrefix(job, checkpoint), file));
-}
-
-absl::StatusOr<v1::CommitRecord> RemoteTier::ReadCommit(const std::string& job,
-                                                        const std::string& checkpoint) const {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
-  RETURN_IF_ERROR(ValidateStorageName(checkpoint, "checkpoint"));
-  const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), "COMMIT");
-  absl::StatusOr<std::string> bytes = GetSmallObject(*remote_, key, kMaxFramedFileBytes);
-  if (absl::IsNotFound(bytes.status())) {
-    return absl::NotFoundError(absl::StrCat("checkpoint ", job, "/", checkpoint,
-                                            " is not committed in the remote tier either (",
-                                            remote_->Describe(key), ")"));
-  }
-  if (!bytes.ok()) return bytes.status();
-  ASSIGN_OR_RETURN(v1::CommitRecord record, ParseCommitFile(*bytes, remote_->Describe(key)));
-  if (record.index().job() != job || record.index().checkpoint() != checkpoint) {
-    return absl::DataLossError(absl::StrCat(
-        remote_->Describe(key), " holds the COMMIT of ", record.index().job(), "/",
-        record.index().checkpoint()));
-  }
-  return record;
-}
-
-absl::StatusOr<RemoteLatest> RemoteTier::ReadLatest(const std::string& job) const {
-  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
-  const std::string key = absl::StrCat(job, "/", kLatestFileName);
-  ASSIGN_OR_RETURN(std::string bytes, GetSmallObject(*remote_, key, kMaxRemoteLatestBytes));
-  // "<checkpoint>\n<committed_unix_micros>\n"
-  std::vector<absl::string_view> lines = absl::StrSplit(bytes, '\n', absl::SkipEmpty());
-  RemoteLatest latest;
-  if (lines.size() != 2 || !absl::SimpleAtoi(lines[1], &latest.committed_unix_micros) ||
-      !ValidateStorageName(lines[0], "checkpoint").ok()) {
-    return absl::DataLossError(absl::StrCat(remote_->Describe(key),
-                                            " is not a checkpoint name and a commit time"));
-  }
-  latest.checkpoint = std::string(lines[0]);
-  return latest;
-}
-
-absl::Status RemoteTier::UpdateLatest(const std::string& job, const std::string& checkpoint) {
-  ASSIGN_OR_RETURN(v1::CommitRecord record, local_->ReadCommit(job, checkpoint));
-  absl::StatusOr<RemoteLatest> current = ReadLatest(job);
-  if (current.ok() && current->checkpoint == checkpoint) return absl::OkStatus();  // there
-  if (current.ok() && current->checkpoint != checkpoint &&
-      current->committed_unix_micros > record.committed_unix_micros()) {
-    return absl::OkStatus();  // only forward
-  }
-  if (!current.ok() && !absl::IsNotFound(current.status()) &&
-      !absl::IsDataLoss(current.status())) {
-    return current.status();
-  }
-  return remote_->Put(absl::StrCat(job, "/", kLatestFileName),
-                      absl::StrCat(checkpoint, "\n", record.committed_unix_micros(), "\n"));
-}
-
-absl::StatusOr<std::shared_ptr<const FileImage>> RemoteTier::FetchRange(
-    const std::string& job, const std::string& checkpoint, const std::string& file,
-    uint64_t file_size, uint64_t offset, uint64_t length, FetchMemory memory) const {
-  const std::string key = absl::StrCat(CheckpointPrefix(job, checkpoint), file);
-  const std::string what = absl::StrCat("fetch of ", remote_->Describe(key), " bytes [",
-                                        offset, ", ", offset + length, ")");
-  if (offset > file_size || length > file_size - offset) {
-    return absl::InternalError(absl::StrCat(what, ": beyond the file's ", file_size, " bytes"));
-  }
-  const uint64_t size = length;
-  if (size == 0 || size > options_.fetch_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": ", size, " bytes, and restores from the remote tier fetch windows of 1 to ",
-        options_.fetch_bytes, " bytes (fetch_bytes)"));
-  }
-  const absl::Time deadline = absl::Now() + options_.fetch_timeout;
-  // From here the memory is this fetch's until its image is dropped.
-  absl::StatusOr<std::shared_ptr<FileImage>> taken =
-      fetch_buffers_->Take(size, memory == FetchMemory::kWait, deadline);
-  if (!taken.ok()) return Annotate(taken.status(), what);
-  if (*taken == nullptr) return nullptr;  // kIfFree, and no room now
-  FileImage* const image = taken->get();
-  // Parts of part_size, fetch_requests_in_flight GETs at a time: one
-  // request at a time leaves a store's bandwidth unused, as a raw client
-  // with one connection would.
-  const uint64_t parts = (size + options_.part_size - 1) / options_.part_size;
-  std::atomic<uint64_t> next_part{0};
-  absl::Mutex failed_mu;
-  absl::Status failed;  // the first part's failure; the others then stop
-  std::atomic<bool> stop{false};
-  auto fetch_parts = [&] {
-    for (uint64_t p = next_part++; p < parts && !stop.load(); p = next_part++) {
-      const uint64_t at = p * options_.part_size;
-      const uint64_t part = std::min<uint64_t>(options_.part_size, size - at);
-      absl::Status status;
-      if (absl::Now() > deadline) {
-        status = absl::DeadlineExceededError(
-            absl::StrCat("not fetched within ", absl::FormatDuration(options_.fetch_timeout)));
-      } else {
-        absl::StatusOr<size_t> read = remote_->Get(
-            key, absl::MakeSpan(image->data() + at, part), ObjectRange{offset + at, part});
-        if (!read.ok()) {
-          status = read.status();
-        } else if (*read != part) {
-          status = absl::DataLossError(absl::StrCat("read ", *read, " bytes at ", offset + at,
-                                                    " where its COMMIT lists ", part));
-        }
-      }
-      if (!status.ok()) {
-        absl::MutexLock lock(&failed_mu);
-        if (failed.ok()) failed = std::move(status);
-        stop = true;
-      }
-    }
-  };
-  {
-    const uint64_t helpers =
-        std::min<uint64_t>(parts, std::max<size_t>(options_.fetch_requests_in_flight, 1)) - 1;
-    std::vector<std::thread> threads;
-    threads.reserve(helpers);
-    for (uint64_t t = 0; t < helpers; ++t) threads.emplace_back(fetch_parts);
-    fetch_parts();
-    for (std::thread& t : threads) t.join();
-  }
-  if (!failed.ok()) return Annotate(failed, what);
-  return std::shared_ptr<const FileImage>(*std::move(taken));
 }
 
 void FillRemoteUpload(const RemoteProgress& p, v1::RemoteUpload* upload) {

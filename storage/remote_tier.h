@@ -250,10 +250,11 @@ class RemoteTier {
                           absl::Time deadline, Upload& upload,
                           const std::atomic<bool>& abandoned);
   // Moves the remote LATEST of `job` to `checkpoint` unless it names one
-  // committed later (the node that wrote COMMIT, after writing it).
+  // committed later (the node that wrote COMMIT, after writing it). In
+  // storage/remote_tier_reads.cc, beside ReadLatest.
   absl::Status UpdateLatest(const std::string& job, const std::string& checkpoint);
   // One remote retention pass over `job` against its remote LATEST (on
-  // the tier's thread); logs and counts what it did. These three live in
+  // the tier's thread); logs and counts what it did. These two live in
   // storage/remote_tier_retention.cc.
   void ApplyRetention(const std::string& job);
   // At start, after the resumed uploads are queued: node 0's pass over
@@ -261,7 +262,8 @@ class RemoteTier {
   void RetainAtStart();
   // With remote retention on, whether a local checkpoint committed before
   // the one remote LATEST names (not resumed at start: retention would
-  // delete it). `latest_of` caches LATEST's commit time per job.
+  // delete it). `latest_of` caches LATEST's commit time per job. In
+  // storage/remote_tier_resume.cc, with ResumeUnfinished and FindUnfinished.
   bool OlderThanRemoteLatest(const v1::CheckpointInfo& c,
                              std::map<std::string, int64_t>& latest_of) const;
   // Records progress under the lock: the state, and bytes and files

@@ -1,7 +1,6 @@
 // RemoteTier's remote retention (storage/remote_retention.h): the passes
 // it runs after a remote commit and at start, in a file of their own beside
 // the uploads (storage/remote_tier.cc).
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,16 +30,6 @@ void RemoteTier::RetainAtStart() {
     absl::string_view job = absl::StripSuffix(prefix, "/");
     if (ValidateStorageName(job, "job").ok()) ApplyRetention(std::string(job));
   }
-}
-
-bool RemoteTier::OlderThanRemoteLatest(const v1::CheckpointInfo& c,
-                                       std::map<std::string, int64_t>& latest_of) const {
-  auto it = latest_of.find(c.job());
-  if (it == latest_of.end()) {
-    absl::StatusOr<RemoteLatest> latest = ReadLatest(c.job());
-    it = latest_of.emplace(c.job(), latest.ok() ? latest->committed_unix_micros : 0).first;
-  }
-  return c.committed_unix_micros() < it->second;
 }
 
 void RemoteTier::ApplyRetention(const std::string& job) {
