@@ -63,7 +63,7 @@ stage "pip install" 60 bash -c '.venv/bin/python -m pip install -q --disable-pip
   -r scripts/requirements-test.txt -r scripts/requirements-dcp.txt &&
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
   -r scripts/requirements-torchtitan.txt'
-stage "build (gcc)" 460 scripts/build.sh
+stage "build (gcc)" 480 scripts/build.sh
 # The lock annotations are checked by clang (gcc ignores them). The
 # sanitizer build is clang with the same -Wthread-safety -Werror, so when it
 # runs it checks every unit it compiles, and the check here takes only the
@@ -77,7 +77,7 @@ fi
 stage "ctest" 540 bash -c 'cd build && ctest --output-on-failure -j2 "$@"' ctest "$@"
 if [ "${CKPT_SANITIZERS:-1}" != 0 ]; then
   stage "sanitizers (asan)" 820 scripts/check-sanitizers.sh
-  stage "thread-safety (rest)" 40 env \
+  stage "thread-safety (rest)" 20 env \
     CKPT_THREAD_SAFETY_COVERED_BY=build-asan/compile_commands.json scripts/check-thread-safety.sh
   stage "fuzzers" 130 scripts/run-fuzzers.sh
 fi
