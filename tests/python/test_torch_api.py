@@ -121,6 +121,17 @@ def _init(store, rank, world):
     return dist
 
 
+def _fails_naming(future, fqn: str, what: str) -> None:
+    """`future` of a save whose replicas of `fqn` disagree raises
+    ReplicaMismatchError naming it."""
+    try:
+        future.result()
+    except ckpt.ReplicaMismatchError as e:
+        assert f"'{fqn}'" in str(e), str(e)
+    else:
+        raise AssertionError(f"a save whose {what} disagree succeeded")
+
+
 def replicated_state_rank(socket, store, rank, world, job):
     """Two ranks save FSDP-style state: a DTensor sharded so that rank 1's
     shard is empty, AdamW-like step scalars and Python values on both ranks
@@ -149,18 +160,10 @@ def replicated_state_rank(socket, store, rank, world, job):
                               "param_groups": sd["optim"]["param_groups"]})
         r = ckpt.async_save(bad, checkpoint_id="step-2", job=job, socket=socket)
         for future in (r.staging_completion, r.upload_completion):
-            try:
-                future.result()
-                raise AssertionError("a save whose replicas disagree succeeded")
-            except ckpt.ReplicaMismatchError as e:
-                assert "'optim.state.model.tiny.step'" in str(e), str(e)
+            _fails_naming(future, "optim.state.model.tiny.step", "replicas")
         bad_value = dict(sd, dataloader={"epoch": 1 + rank, "seen": []})
         r = ckpt.async_save(bad_value, checkpoint_id="step-2", job=job, socket=socket)
-        try:
-            r.upload_completion.result()
-            raise AssertionError("a save whose values disagree succeeded")
-        except ckpt.ReplicaMismatchError as e:
-            assert "'dataloader.epoch'" in str(e), str(e)
+        _fails_naming(r.upload_completion, "dataloader.epoch", "values")
 
         fresh = {"model": {"tiny": distribute_tensor(torch.zeros(1, 6), mesh, [Shard(0)]),
                            "big": distribute_tensor(torch.zeros(10, 4), mesh, [Shard(0)])},
@@ -209,20 +212,12 @@ def per_rank_plain_rank(socket, store, rank, world, job):
         if rank == 1:
             sd["shared"]["w"][63, 255] += 1.0
         r = ckpt.async_save(sd, checkpoint_id="step-3", job=job, socket=socket)
-        try:
-            r.upload_completion.result()
-            raise AssertionError("a save whose shared tensor disagrees succeeded")
-        except ckpt.ReplicaMismatchError as e:
-            assert "'shared.w'" in str(e), str(e)
+        _fails_naming(r.upload_completion, "shared.w", "shared tensor's bytes")
         assert exchange.paths == {"detailed": 2, "verdict": 1}, exchange.paths
         sd["shared"]["w"].copy_(shared)
         sd["shared"]["epoch"] = 3 + rank  # a shared value that disagrees
         r = ckpt.async_save(sd, checkpoint_id="step-3", job=job, socket=socket)
-        try:
-            r.upload_completion.result()
-            raise AssertionError("a save whose shared value disagrees succeeded")
-        except ckpt.ReplicaMismatchError as e:
-            assert "'shared.epoch'" in str(e), str(e)
+        _fails_naming(r.upload_completion, "shared.epoch", "shared values")
         sd["shared"]["epoch"] = 2
         # A rank's structure changes (a leaf of its own): the holders are
         # found again, and kept for the save after.
