@@ -25,7 +25,8 @@ A save, on the caller's thread (the save call):
      STAGED.
 Then, on the submit thread:
   6. exchanges a digest of its leaves with the group (one small collective
-     on the checkpointer's own process group, replica_exchange.py), which
+     on the checkpointer's own process group, replica_exchange.py; the
+     digests and descriptions it compares: exchange_digests.py), which
      gives every plain tensor and value its replica set, or fails every
      rank with the same error;
   7. puts the pickled values into their buffers and submits the save under
@@ -81,7 +82,6 @@ the submit thread to be idle.
 
 import dataclasses
 import os
-import pickle
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -96,6 +96,7 @@ except ImportError as e:  # built before torch was in this Python
         "not installed for this Python when ckptd was configured; install torch, "
         "then re-run scripts/build.sh (scripts/test.sh installs it first)") from e
 from ckptd import errors as errors_mod
+from ckptd import exchange_digests
 from ckptd import flatten as flatten_mod
 from ckptd import generations as generations_mod
 from ckptd import stateful as stateful_mod
@@ -125,17 +126,6 @@ def default_job() -> str:
 def _replicas(holders, fqn: str) -> List[int]:
     """The holders of `fqn` from ReplicaExchange.exchange's answer."""
     return list(holders) if isinstance(holders, tuple) else sorted(set(holders[fqn]))
-
-
-def _describe_checked(t: torch.Tensor, dtype_name: str) -> tuple:
-    """replica_exchange.describe_tensor of a checked tensor (contiguous, on
-    the CPU, at most check_bytes: the plan's checked tensors and the GPU
-    ones' host copies), its digest XXH3 in C++ (_state_cache) instead of
-    blake2b in Python. Every save of ranks that hold plain tensors under
-    fqns of their own describes each of them (their keys always differ):
-    with 1,000 tensors of 64 KiB a rank, blake2b took ~80 ms of each rank's
-    CPU per save, XXH3 ~4 ms (bench/peers, "many small" with plain tensors)."""
-    return ("tensor", dtype_name, tuple(t.shape), _state_cache.digest_tensors([t]))
 
 
 def _dtensor_type():
@@ -335,11 +325,12 @@ class Checkpointer(CheckpointLoader):
                                  f"tell whether {base!r} is taken: {e}"), response._explain(e)
         try:
             holders, merged, decision = self._exchange.exchange(
-                error, lambda: self._key(plan, values, gpu_hosts),
-                lambda: self._detailed(plan, values, gpu_hosts),
+                error, lambda: exchange_digests.key(plan, values, gpu_hosts),
+                lambda: exchange_digests.detailed(plan, values, gpu_hosts),
                 names=(self.job, base), decision=decision,
-                structure=lambda: self._structure(plan, values),
-                digest_group=lambda fqns: self._digest_group(plan, values, gpu_hosts, fqns))
+                structure=lambda: exchange_digests.structure(plan, values),
+                digest_group=lambda fqns: exchange_digests.digest_group(plan, values,
+                                                                        gpu_hosts, fqns))
         except ValueError as e:
             # Bad input or replicas that disagree: every rank of the group
             # reaches this same verdict, and none submits. This rank's own
@@ -503,66 +494,6 @@ class Checkpointer(CheckpointLoader):
                 raise ValueError(f"{fqn}: cannot pickle {type(v).__name__}: {e}") from None
             values[fqn] = (data, values_mod.digest(data) if compare else b"")
         return values
-
-    def _local(self, plan: _Plan, values) -> Dict[str, tuple]:
-        local = dict(plan.structure)
-        for fqn, (data, digest) in values.items():
-            local[fqn] = ("value", values_mod.capacity(len(data)), len(data), digest)
-        return local
-
-    @staticmethod
-    def _structure_key(plan: _Plan) -> bytes:
-        if plan.structure_key is None:
-            plan.structure_key = values_mod.digest(
-                pickle.dumps(sorted(plan.structure.items()), protocol=4))
-        return plan.structure_key
-
-    def _structure(self, plan: _Plan, values) -> bytes:
-        """What the exchange's holders and the index depend on
-        (replica_exchange.py, the verdict path): the plan's structure and
-        each value's pickled length, not their bytes."""
-        lengths = sorted((fqn, len(data)) for fqn, (data, _) in values.items())
-        return values_mod.digest(pickle.dumps((self._structure_key(plan), lengths),
-                                              protocol=4))
-
-    def _digest_group(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor],
-                      fqns) -> bytes:
-        """The bytes of the given leaves, in that order, as replicas
-        compare them: values' digests and checked tensors' bytes (tensors
-        above check_bytes and aliases are compared by structure alone)."""
-        tensors = dict(zip(plan.checked_fqns, plan.checked))
-        tensors.update(zip(plan.gpu_checked_fqns, gpu_hosts))
-        checked = [tensors[f] for f in fqns if f in tensors]
-        described = [(f, values[f][1]) for f in fqns if f in values]
-        return values_mod.digest(pickle.dumps(
-            (described, _state_cache.digest_tensors(checked) if checked else b""),
-            protocol=4))
-
-    def _key(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor]) -> bytes:
-        """What ranks compare first (replica_exchange.py): the structure, the
-        values, the checked tensors' bytes as this save holds them (the GPU
-        ones' in `gpu_hosts`)."""
-        self._structure_key(plan)
-        checked = (plan.cache.digest() if plan.cache is not None
-                   else _state_cache.digest_tensors(plan.checked))
-        gpu_checked = _state_cache.digest_tensors(gpu_hosts) if gpu_hosts else b""
-        described = sorted((fqn, values_mod.capacity(len(data)), len(data), digest)
-                           for fqn, (data, digest) in values.items())
-        return pickle.dumps((plan.structure_key, described, checked, gpu_checked), protocol=4)
-
-    def _detailed(self, plan: _Plan, values, gpu_hosts: List[torch.Tensor]) -> Dict[str, tuple]:
-        """Descriptions with each checked tensor's own digest: what ranks
-        exchange when their digests differ, to name the fqn. The checked
-        tensors are the plan's: the copies this save took, or (a matched
-        plan) tensors over the very memory this save's hold."""
-        local = self._local(plan, values)
-        for fqn, d in plan.structure.items():
-            if d[0] == "tensor":
-                local[fqn] = d + (None,)  # above check_bytes: not compared
-        for fqn, t in zip(plan.checked_fqns + plan.gpu_checked_fqns,
-                          plan.checked + gpu_hosts):
-            local[fqn] = _describe_checked(t, plan.structure[fqn][1])
-        return local
 
     def _set_holders(self, plan: _Plan, holders) -> None:
         for item in plan.items:
