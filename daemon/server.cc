@@ -40,7 +40,6 @@
 #include "storage/checkpoint_leases.h"
 #include "storage/checkpoint_store.h"
 #include "storage/node_lock.h"
-#include "storage/posix_object_store.h"
 #include "storage/startup_recovery.h"
 #include "storage/tree_local_commit.h"
 
@@ -250,17 +249,12 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
     // An earlier daemon's uploads that never committed there, newest first.
     remote->ResumeUnfinished();
   }
-  // Nodes sharing the root meet in it for the local commit
-  // (storage/tree_local_commit.h); a crash after they met is finished
-  // here, as above.
+  // Nodes sharing the root meet in it, through the root's own driver, for
+  // the local commit (storage/tree_local_commit.h); a crash after they met
+  // is finished here, as above.
   std::shared_ptr<ObjectStore> shared_root;
   if (options.nodes > 1 && !options.node_local_root) {
-    absl::StatusOr<std::unique_ptr<PosixObjectStore>> opened =
-        PosixObjectStore::Open(options.root);
-    if (!opened.ok()) {
-      return Annotate(opened.status(), "the storage root, where the nodes meet to commit");
-    }
-    shared_root = std::move(*opened);
+    ASSIGN_OR_RETURN(shared_root, store.Objects());
     TreeLocalCommit(&store, shared_root, TreeLocalCommit::Root::kShared, options.node_id,
                     TreeCommitOptions())
         .RollForward();

@@ -17,12 +17,27 @@
 #include "format/manifest_check.h"
 #include "format/manifest_file.h"
 #include "storage/durable_file.h"
+#include "storage/object_store.h"
 
 namespace ckpt {
 namespace {
 
 // LATEST holds one name and a newline.
 constexpr uint64_t kMaxLatestBytes = 4096;
+
+// The keys of the commit protocol's objects in the root's driver: the same
+// as the remote tier gives them (storage/remote_tier.h). Names validated
+// by the caller.
+std::string CheckpointKey(absl::string_view job, absl::string_view checkpoint,
+                          absl::string_view name) {
+  return absl::StrCat(job, "/", checkpoint, "/", name);
+}
+std::string LatestKey(absl::string_view job) { return absl::StrCat(job, "/", kLatestFileName); }
+
+absl::StatusOr<std::shared_ptr<PosixObjectStore>> OpenDriver(const std::string& root) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PosixObjectStore> driver, PosixObjectStore::Open(root));
+  return std::shared_ptr<PosixObjectStore>(std::move(driver));
+}
 
 absl::Status ValidateCheckpointName(absl::string_view job,
                                     absl::string_view checkpoint) {
@@ -45,11 +60,26 @@ absl::Status RequireMarked(const StorageDir& dir) {
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::string root)
-    : root_(std::move(root)), root_dir_(StorageDir::OpenRoot(root_)) {}
+    : root_(std::move(root)), objects_(OpenDriver(root_)) {}
+
+absl::StatusOr<PosixObjectStore*> CheckpointStore::Driver() const {
+  RETURN_IF_ERROR(objects_.status());
+  return objects_->get();
+}
 
 absl::StatusOr<const StorageDir*> CheckpointStore::Root() const {
-  RETURN_IF_ERROR(root_dir_.status());
-  return &*root_dir_;
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  return &driver->root_dir();
+}
+
+absl::StatusOr<std::shared_ptr<PosixObjectStore>> CheckpointStore::Objects() const {
+  return objects_;
+}
+
+absl::StatusOr<std::string> CheckpointStore::ReadObject(absl::string_view key,
+                                                        uint64_t max_bytes) const {
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  return GetSmallObject(*driver, key, max_bytes);
 }
 
 std::string CheckpointStore::JobDir(absl::string_view job) const {
@@ -128,20 +158,22 @@ absl::Status CheckpointStore::PrepareForSave(absl::string_view job,
 
 absl::Status CheckpointStore::WriteNodeManifest(const v1::Manifest& manifest,
                                                 FileOps& ops) const {
-  ASSIGN_OR_RETURN(StorageDir dir,
-                   OpenCheckpoint(manifest.job(), manifest.checkpoint()));
-  return WriteFileDurably(dir, NodeManifestName(manifest.node_id()),
-                          FrameMessage(kNodeManifestMagic, manifest), ops);
+  RETURN_IF_ERROR(ValidateCheckpointName(manifest.job(), manifest.checkpoint()));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  return driver->PutThrough(
+      CheckpointKey(manifest.job(), manifest.checkpoint(), NodeManifestName(manifest.node_id())),
+      FrameMessage(kNodeManifestMagic, manifest), ops,
+      PosixObjectStore::MissingDirs::kNotFound);
 }
 
 absl::StatusOr<bool> CheckpointStore::CommitExists(
     absl::string_view job, absl::string_view checkpoint) const {
-  auto dir = OpenCheckpoint(job, checkpoint);
-  if (!dir.ok()) {
-    if (absl::IsNotFound(dir.status())) return false;
-    return dir.status();
-  }
-  return dir->HasFile(kCommitFileName);
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  absl::StatusOr<ObjectInfo> commit = driver->Head(CheckpointKey(job, checkpoint, kCommitFileName));
+  if (absl::IsNotFound(commit.status())) return false;
+  RETURN_IF_ERROR(commit.status());
+  return true;
 }
 
 bool CheckpointStore::IsCommitted(absl::string_view job,
@@ -153,18 +185,21 @@ bool CheckpointStore::IsCommitted(absl::string_view job,
 absl::Status CheckpointStore::WriteCommit(const v1::CommitRecord& record,
                                           FileOps& ops) const {
   const v1::Manifest& index = record.index();
-  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(index.job(), index.checkpoint()));
-  return WriteFileDurably(dir, kCommitFileName, FrameMessage(kCommitMagic, record),
-                          ops);
+  RETURN_IF_ERROR(ValidateCheckpointName(index.job(), index.checkpoint()));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  return driver->PutThrough(CheckpointKey(index.job(), index.checkpoint(), kCommitFileName),
+                            FrameMessage(kCommitMagic, record), ops,
+                            PosixObjectStore::MissingDirs::kNotFound);
 }
 
 absl::Status CheckpointStore::WithdrawCommit(absl::string_view job,
                                              absl::string_view checkpoint) const {
-  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
-  RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
-  // Durably gone before any data file goes: never a COMMIT that a power
-  // loss brings back over removed files.
-  return dir.Fsync();
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  // The driver's Delete fsyncs the directory: durably gone before any data
+  // file goes, never a COMMIT that a power loss brings back over removed
+  // files.
+  return driver->Delete(CheckpointKey(job, checkpoint, kCommitFileName));
 }
 
 absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
@@ -180,22 +215,31 @@ absl::Status CheckpointStore::UpdateLatest(absl::string_view job,
       current->committed_unix_micros() > committed_unix_micros) {
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(StorageDir dir, OpenJob(job));
-  return WriteFileDurably(dir, kLatestFileName, absl::StrCat(checkpoint, "\n"), ops);
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  return driver->PutThrough(LatestKey(job), absl::StrCat(checkpoint, "\n"), ops,
+                            PosixObjectStore::MissingDirs::kNotFound);
 }
 
 absl::StatusOr<std::vector<uint32_t>> CheckpointStore::ListNodeManifests(
     absl::string_view job, absl::string_view checkpoint) const {
-  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
-  ASSIGN_OR_RETURN(std::vector<StorageDir::Entry> entries, dir.List());
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  const std::string dir_key = CheckpointKey(job, checkpoint, "");
+  // The directory itself must be there: a checkpoint gc removed meanwhile
+  // is NotFound, not a checkpoint without manifests yet.
+  ASSIGN_OR_RETURN(const StorageDir* root, Root());
+  RETURN_IF_ERROR(root->OpenSubdir(absl::StrCat(job, "/", checkpoint)).status());
+  ASSIGN_OR_RETURN(ObjectListing listing,
+                   driver->List(absl::StrCat(dir_key, "node-"), /*delimiter=*/"/"));
   std::vector<uint32_t> ids;
-  for (const StorageDir::Entry& e : entries) {
-    // Exactly "node-NNNN.manifest"; temporaries have a longer tail.
-    absl::string_view name = e.name;
+  for (const ObjectInfo& object : listing.objects) {
+    // Exactly "node-NNNN.manifest" (the driver never lists temporaries).
+    absl::string_view name = absl::string_view(object.key).substr(dir_key.size());
+    const absl::string_view full = name;
     uint32_t id = 0;
-    if (e.is_regular && absl::ConsumePrefix(&name, "node-") &&
-        absl::ConsumeSuffix(&name, ".manifest") && absl::SimpleAtoi(name, &id) &&
-        NodeManifestName(id) == e.name) {
+    if (absl::ConsumePrefix(&name, "node-") && absl::ConsumeSuffix(&name, ".manifest") &&
+        absl::SimpleAtoi(name, &id) && NodeManifestName(id) == full) {
       ids.push_back(id);
     }
   }
@@ -205,10 +249,11 @@ absl::StatusOr<std::vector<uint32_t>> CheckpointStore::ListNodeManifests(
 
 absl::StatusOr<v1::Manifest> CheckpointStore::ReadNodeManifest(
     absl::string_view job, absl::string_view checkpoint, uint32_t node_id) const {
-  ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
-  const std::string name = NodeManifestName(node_id);
-  const std::string path = dir.PathOf(name);
-  ASSIGN_OR_RETURN(std::string bytes, dir.ReadFile(name, kMaxFramedFileBytes));
+  RETURN_IF_ERROR(ValidateCheckpointName(job, checkpoint));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  const std::string key = CheckpointKey(job, checkpoint, NodeManifestName(node_id));
+  const std::string path = driver->Describe(key);
+  ASSIGN_OR_RETURN(std::string bytes, ReadObject(key, kMaxFramedFileBytes));
   ASSIGN_OR_RETURN(v1::Manifest manifest, ParseNodeManifestFile(bytes, path));
   if (manifest.job() != job || manifest.checkpoint() != checkpoint ||
       manifest.node_id() != node_id) {
@@ -252,8 +297,7 @@ absl::Status CheckpointStore::DeleteCommitted(absl::string_view job,
                                               absl::string_view checkpoint) const {
   ASSIGN_OR_RETURN(StorageDir dir, OpenCheckpoint(job, checkpoint));
   RETURN_IF_ERROR(RequireMarked(dir));
-  RETURN_IF_ERROR(dir.Unlink(kCommitFileName));
-  RETURN_IF_ERROR(dir.Fsync());
+  RETURN_IF_ERROR(WithdrawCommit(job, checkpoint));
   CrashPoint("delete_committed", "commit_removed");  // common/crash_point.h
   ASSIGN_OR_RETURN(StorageDir job_dir, OpenJob(job));
   return job_dir.RemoveTree(checkpoint, kMarkerFileName);
@@ -274,9 +318,8 @@ absl::Status CheckpointStore::DeleteUncommitted(absl::string_view job,
 
 absl::StatusOr<std::string> CheckpointStore::ResolveLatest(
     absl::string_view job) const {
-  auto dir = OpenJob(job);
-  absl::StatusOr<std::string> latest =
-      dir.ok() ? dir->ReadFile(kLatestFileName, kMaxLatestBytes) : dir.status();
+  RETURN_IF_ERROR(ValidateStorageName(job, "job"));
+  absl::StatusOr<std::string> latest = ReadObject(LatestKey(job), kMaxLatestBytes);
   if (!latest.ok()) {
     if (absl::IsNotFound(latest.status())) {
       return absl::NotFoundError(
@@ -301,10 +344,11 @@ absl::StatusOr<v1::CommitRecord> CheckpointStore::ReadCommit(
     return absl::NotFoundError(absl::StrCat("checkpoint ", job, "/", name,
                                             " does not exist or is not committed"));
   };
-  auto dir = OpenCheckpoint(job, name);
-  if (!dir.ok()) return absl::IsNotFound(dir.status()) ? not_found() : dir.status();
-  const std::string path = dir->PathOf(kCommitFileName);
-  auto bytes = dir->ReadFile(kCommitFileName, kMaxFramedFileBytes);
+  RETURN_IF_ERROR(ValidateStorageName(name, "checkpoint"));
+  ASSIGN_OR_RETURN(PosixObjectStore * driver, Driver());
+  const std::string key = CheckpointKey(job, name, kCommitFileName);
+  const std::string path = driver->Describe(key);
+  auto bytes = ReadObject(key, kMaxFramedFileBytes);
   if (!bytes.ok()) return absl::IsNotFound(bytes.status()) ? not_found() : bytes.status();
   ASSIGN_OR_RETURN(v1::CommitRecord record, ParseCommitFile(*bytes, path));
   // A COMMIT copied from another checkpoint would send readers to that

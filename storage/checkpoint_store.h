@@ -6,16 +6,24 @@
 //   <root>/<job>/<checkpoint>/COMMIT                 written last
 //   <root>/<job>/LATEST                              newest committed name
 //
+// The root is the directory driver of the storage seam
+// (posix_object_store.h), opened once, when the store is made. The commit
+// protocol's objects (node manifests, COMMIT, LATEST) are written, read,
+// listed and deleted through its ObjectStore interface, under the same
+// keys ("job/step-100/COMMIT") the remote tier gives them in its own
+// store. What an object interface cannot say is done on the driver's root
+// directory, held open: whether a directory holds files ckptd did not
+// make, the O_DIRECT data files (save/part_writer.cc, restore/), and the
+// removal of a checkpoint's tree with its marker last. Every name under
+// the root is resolved from that descriptor without following symlinks
+// (StorageDir), so a link planted in the root is refused, never followed.
+//
 // A checkpoint is visible to readers only once its COMMIT exists, parses and
 // passes ValidateCommitRecord (invariant 1): List, ReadCommit and
 // ResolveLatest all go through it, so a directory a crashed save left
 // behind, or a COMMIT with hostile fields, is never loaded. Job and
 // checkpoint names are validated here before any path is built
 // (invariant 7).
-//
-// The root is opened once, when the store is made; every name under it is
-// resolved from that descriptor without following symlinks (StorageDir), so
-// a link planted in the root is refused, never followed.
 //
 // Every checkpoint directory ckptd creates holds a marker file
 // (kMarkerFileName), written durably before any data file. Deletion (gc,
@@ -27,6 +35,7 @@
 // saves of the same checkpoint (SaveCoordinator does).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,8 +44,9 @@
 #include "absl/synchronization/mutex.h"
 #include "ckpt/v1/control.pb.h"
 #include "ckpt/v1/manifest.pb.h"
-#include "storage/storage_dir.h"
 #include "storage/durable_file.h"
+#include "storage/posix_object_store.h"
+#include "storage/storage_dir.h"
 
 namespace ckpt {
 
@@ -56,10 +66,14 @@ class CheckpointStore {
   // says whether that worked, and every method fails with it if not.
   explicit CheckpointStore(std::string root);
 
-  absl::Status status() const { return root_dir_.status(); }
+  absl::Status status() const { return objects_.status(); }
   const std::string& root() const { return root_; }
   // The root, held open (startup recovery walks it); status() if not open.
   absl::StatusOr<const StorageDir*> Root() const;
+  // The root's directory driver, for what meets in the root itself (the
+  // nodes of a shared root: storage/tree_local_commit.h); status() if not
+  // open.
+  absl::StatusOr<std::shared_ptr<PosixObjectStore>> Objects() const;
   // Paths, for messages only: files are opened through OpenCheckpoint.
   std::string JobDir(absl::string_view job) const;
   std::string CheckpointDir(absl::string_view job,
@@ -155,9 +169,14 @@ class CheckpointStore {
                                     absl::string_view checkpoint) const;
   // Names of the real subdirectories of `dir` with valid storage names.
   static absl::StatusOr<std::vector<std::string>> ListDirs(const StorageDir& dir);
+  // The driver, or status().
+  absl::StatusOr<PosixObjectStore*> Driver() const;
+  // A whole small object (GetSmallObject); its directory missing is NotFound
+  // too. Names validated by the caller.
+  absl::StatusOr<std::string> ReadObject(absl::string_view key, uint64_t max_bytes) const;
 
   const std::string root_;
-  const absl::StatusOr<StorageDir> root_dir_;
+  const absl::StatusOr<std::shared_ptr<PosixObjectStore>> objects_;
   // Serializes LATEST updates, so concurrent commits cannot interleave.
   mutable absl::Mutex latest_mu_;
 };

@@ -1,8 +1,10 @@
-// ObjectStore: the storage seam of the remote (cluster) tier, a narrow
-// key/value interface in the style of TensorStore's kvstore drivers and
-// LevelDB's Env. Two drivers stand side by side:
+// ObjectStore: the storage seam of both tiers, a narrow key/value
+// interface in the style of TensorStore's kvstore drivers and LevelDB's
+// Env. Two drivers stand side by side:
 //   storage/posix_object_store.h   a directory (a shared file system
-//                                   mounted on every node, or a local one)
+//                                   mounted on every node, or a local one;
+//                                   the local root's driver too, through
+//                                   storage/checkpoint_store.h)
 //   storage/s3/s3_object_store.h   an S3 bucket and prefix (s3_client.h)
 // and one decorator, storage/counting_object_store.h, that counts the
 // requests (the commit's scale simulation and the metrics).

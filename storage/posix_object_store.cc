@@ -186,9 +186,14 @@ absl::StatusOr<PosixObjectStore::Location> PosixObjectStore::Locate(absl::string
 }
 
 absl::Status PosixObjectStore::Put(absl::string_view key, absl::string_view body) {
-  return PutWith(key, [&](int fd, const std::string& path) {
-    return DefaultFileOps().WriteAll(fd, body, path);
-  });
+  return PutThrough(key, body, DefaultFileOps(), MissingDirs::kMake);
+}
+
+absl::Status PosixObjectStore::PutThrough(absl::string_view key, absl::string_view body,
+                                          FileOps& ops, MissingDirs missing_dirs) {
+  return PutWith(
+      key, [&](int fd, const std::string& path) { return ops.WriteAll(fd, body, path); }, ops,
+      missing_dirs);
 }
 
 absl::Status PosixObjectStore::PutFromSource(absl::string_view key, uint64_t size,
@@ -208,12 +213,13 @@ absl::Status PosixObjectStore::PutFromSource(absl::string_view key, uint64_t siz
       RETURN_IF_ERROR(DefaultFileOps().WriteAll(fd, part, path));
     }
     return absl::OkStatus();
-  });
+  }, DefaultFileOps(), MissingDirs::kMake);
 }
 
-absl::Status PosixObjectStore::PutWith(absl::string_view key, const BodyWriter& write_body) {
+absl::Status PosixObjectStore::PutWith(absl::string_view key, const BodyWriter& write_body,
+                                       FileOps& ops, MissingDirs missing_dirs) {
   RETURN_IF_ERROR(ValidatePosixKey(key));
-  ASSIGN_OR_RETURN(Location location, Locate(key, /*create=*/true));
+  ASSIGN_OR_RETURN(Location location, Locate(key, missing_dirs == MissingDirs::kMake));
   const StorageDir& dir = DirOf(location);
   // rename(2) cannot replace a directory (the key is a "directory" of
   // other keys); say so rather than fail at the rename.
@@ -222,7 +228,7 @@ absl::Status PosixObjectStore::PutWith(absl::string_view key, const BodyWriter& 
     return absl::FailedPreconditionError(absl::StrCat(
         "put ", Describe(key), ": it is a directory of other objects"));
   }
-  absl::Status written = WriteFileDurablyFrom(dir, location.name, write_body);
+  absl::Status written = WriteFileDurablyFrom(dir, location.name, write_body, ops);
   if (!written.ok()) return Annotate(written, absl::StrCat("put ", Describe(key)));
   return absl::OkStatus();
 }

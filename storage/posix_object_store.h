@@ -73,10 +73,26 @@ class PosixObjectStore : public ObjectStore {
   absl::StatusOr<int> AbortUnfinished(absl::string_view prefix,
                                       absl::Time started_before) override;
 
+  // The directory driver's own, for the local root (checkpoint_store.h):
+  //  - a Put whose steps go through `ops` (the save's FileOps, so that a
+  //    test can fail any of them), and which with `make_dirs` false finds
+  //    a missing directory NotFound instead of making it: the root's
+  //    checkpoint directories are made, and marked as ckptd's, by
+  //    CheckpointStore::PrepareForSave alone;
+  //  - the root, held open: what an object interface cannot say (a
+  //    directory's foreign files, the O_DIRECT data files, removal of a
+  //    tree with its marker last) is done on it, beneath it, without
+  //    symlinks (storage_dir.h).
+  enum class MissingDirs { kMake, kNotFound };
+  absl::Status PutThrough(absl::string_view key, absl::string_view body, FileOps& ops,
+                          MissingDirs missing_dirs);
+  const StorageDir& root_dir() const { return root_; }
+
  private:
-  // Put's steps (key checks, its directory made, the durable write) with
-  // the body written by `write_body`.
-  absl::Status PutWith(absl::string_view key, const BodyWriter& write_body);
+  // Put's steps (key checks, its directory made or required, the durable
+  // write through `ops`) with the body written by `write_body`.
+  absl::Status PutWith(absl::string_view key, const BodyWriter& write_body, FileOps& ops,
+                       MissingDirs missing_dirs);
   // The directory a key's file lives in, and the file's name there.
   struct Location {
     std::optional<StorageDir> subdir;  // absent: the root itself

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "format/manifest_file.h"
 #include "storage/durable_file.h"
+#include "storage/object_store.h"
+#include "storage/posix_object_store.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -472,6 +475,56 @@ TEST_CASE(
   CHECK(f.MustList("nojob").empty());
   CHECK(f.store.List("../x").status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "The commit protocol's objects are the root's driver's, under the keys "
+    "the remote tier gives them",
+    "[checkpoint_store]") {
+  StoreFixture f;
+  const v1::CommitRecord record = MakeCommit("job", "step-1", {10});
+  Commit(f.store, record);
+  REQUIRE(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {10})).ok());
+  absl::StatusOr<std::shared_ptr<PosixObjectStore>> objects = f.store.Objects();
+  REQUIRE(objects.ok());
+  ObjectStore& driver = **objects;
+  absl::StatusOr<std::string> commit = GetSmallObject(driver, "job/step-1/COMMIT", 1 << 20);
+  REQUIRE(commit.ok());
+  CHECK(*commit == FrameMessage(kCommitMagic, record));
+  absl::StatusOr<std::string> latest = GetSmallObject(driver, "job/LATEST", 4096);
+  REQUIRE(latest.ok());
+  CHECK(*latest == "step-1\n");
+  absl::StatusOr<ObjectListing> listing = driver.List("job/step-1/", "/");
+  REQUIRE(listing.ok());
+  std::vector<std::string> keys;
+  for (const ObjectInfo& o : listing->objects) keys.push_back(o.key);
+  CHECK(keys == std::vector<std::string>{"job/step-1/.ckptd-checkpoint", "job/step-1/COMMIT",
+                                         "job/step-1/node-0000.manifest"});
+  // What the driver is told is what the store sees: a COMMIT deleted
+  // through it is a checkpoint no longer committed.
+  REQUIRE(driver.Delete("job/step-1/COMMIT").ok());
+  CHECK_FALSE(f.store.IsCommitted("job", "step-1"));
+  CHECK(f.ReadCommitCode("job", "step-1") == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE(
+    "A manifest, COMMIT or LATEST written after gc removed the checkpoint "
+    "fails NotFound and makes no directory",
+    "[checkpoint_store]") {
+  StoreFixture f;
+  REQUIRE(f.store.PrepareForSave("job", "step-1", 0).ok());
+  REQUIRE(f.store.DeleteUncommitted("job", "step-1").ok());
+  CHECK(f.store.WriteNodeManifest(MakeManifest("job", "step-1", 0, {10})).code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(f.store.WriteCommit(MakeCommit("job", "step-1", {10})).code() ==
+        absl::StatusCode::kNotFound);
+  CHECK_FALSE(fs::exists(f.store.CheckpointDir("job", "step-1")));
+  // Without the job's directory, LATEST is not made either.
+  CHECK(f.store.UpdateLatest("other", "step-1", 1).code() == absl::StatusCode::kNotFound);
+  CHECK_FALSE(fs::exists(f.store.JobDir("other")));
+  // And listing the manifests of a checkpoint that is gone says so.
+  CHECK(f.store.ListNodeManifests("job", "step-1").status().code() ==
+        absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ from ckptd.replica_exchange import ReplicaExchange
 from ckptd.save_response import AsyncSaveResponse, SaveWatcher
 from ckptd.save_submitter import SaveSubmitter
 from ckptd.storage_sharing import find_aliases
-from ckptd.tensor_entry import DTYPE_NAMES, TensorEntry, split_leaves
+from ckptd.tensor_entry import DTYPE_NAMES, split_leaves
 
 # Plain tensors up to this many bytes are hashed to check that replicas
 # agree (replica_exchange.py); the AdamW step scalars, biases, norms.
