@@ -266,6 +266,7 @@ absl::StatusOr<HttpResponse> HttpTransport::Perform(const HttpRequest& request) 
   RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_LOW_SPEED_LIMIT,
                               static_cast<long>(options_.low_speed_bytes_per_second)));
   RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_LOW_SPEED_TIME, low_speed_s));
+  RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_BUFFERSIZE, options_.receive_buffer_bytes));
   RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_WRITEFUNCTION, WriteBody));
   RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_WRITEDATA, &transfer));
   RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_HEADERFUNCTION, OnHeader));
@@ -281,6 +282,8 @@ absl::StatusOr<HttpResponse> HttpTransport::Perform(const HttpRequest& request) 
     // An upload streams the body from the caller's memory with a
     // Content-Length; a POST is the same transfer under another verb.
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_UPLOAD, 1L));
+    RETURN_IF_ERROR(
+        CKPT_SETOPT(handle, CURLOPT_UPLOAD_BUFFERSIZE, options_.send_buffer_bytes));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_READFUNCTION, ReadBody));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_READDATA, &transfer));
     RETURN_IF_ERROR(CKPT_SETOPT(handle, CURLOPT_SEEKFUNCTION, SeekBody));

@@ -51,6 +51,13 @@ struct HttpTransportOptions {
   size_t max_response_bytes = 16 << 20;
   // A CA bundle for https:// endpoints; empty: the system's.
   std::string ca_file = {};
+  // libcurl's buffers per handle (CURLOPT_BUFFERSIZE, CURLOPT_UPLOAD_
+  // BUFFERSIZE). Its defaults (16 KiB down, 64 KiB up) cost a recv or send
+  // and a callback per 16 or 64 KiB of a 16 MiB part; larger ones move a
+  // part in a few dozen. Memory: both per handle in use or idle (at most
+  // the requests in flight plus max_idle_handles).
+  long receive_buffer_bytes = 512 << 10;
+  long send_buffer_bytes = 2 << 20;
 };
 
 struct HttpRequest {
