@@ -27,7 +27,8 @@ namespace {
   X(gpu_copy_timeout_ms) X(gpu_pool_share_percent) X(log_level) X(metrics_file) \
   X(metrics_interval_ms) X(remote) X(remote_endpoint) X(remote_region)          \
   X(remote_addressing) X(remote_credentials_file) X(remote_max_bytes_per_second) \
-  X(remote_upload_timeout_ms) X(remote_fetch_bytes) X(remote_part_bytes) \
+  X(remote_upload_timeout_ms) X(remote_fetch_bytes) X(remote_fetch_resident_bytes) \
+  X(remote_part_bytes) \
   X(remote_requests_in_flight) \
   X(remote_keep_last)
 

@@ -144,6 +144,10 @@ struct DaemonOptions {
   // Memory for the windows of remote files a restore fetches at once (a
   // window holds at most this much; files of any size restore in windows).
   uint64_t remote_fetch_bytes = 4ull << 30;
+  // Of that, the bytes mapped and faulted in at start and kept, so that a
+  // restore's first windows need no zeroing of fresh pages (memory the
+  // daemon holds for its life when --remote is set; 0: none).
+  uint64_t remote_fetch_resident_bytes = 512ull << 20;
   // Requests to the remote tier: the size of an upload part or a ranged
   // GET, and how many of them one file's upload or fetch runs at once
   // (S3: parts of 5 MiB to 5 GiB, 1 to 64 at once). An upload read from

@@ -121,6 +121,9 @@ ABSL_FLAG(uint64_t, remote_upload_timeout_ms, kDefaults.remote_upload_timeout_ms
           "how long one checkpoint's upload and remote commit may take");
 ABSL_FLAG(uint64_t, remote_fetch_bytes, kDefaults.remote_fetch_bytes,
           "memory for the file windows a restore from the remote tier fetches at once");
+ABSL_FLAG(uint64_t, remote_fetch_resident_bytes, kDefaults.remote_fetch_resident_bytes,
+          "of --remote_fetch_bytes, the bytes faulted in at start and kept, so that a "
+          "restore's first windows need no zeroing of fresh pages; 0: none");
 ABSL_FLAG(uint64_t, remote_part_bytes, kDefaults.remote_part_bytes,
           "size of an upload part or ranged GET of the remote tier (S3: 5 MiB to 5 GiB)");
 ABSL_FLAG(uint32_t, remote_requests_in_flight, kDefaults.remote_requests_in_flight,
@@ -214,7 +217,8 @@ void ApplyCommandLine(ckpt::DaemonOptions* options) {
   CKPT_FROM_FLAG(remote) CKPT_FROM_FLAG(remote_endpoint) CKPT_FROM_FLAG(remote_region)
   CKPT_FROM_FLAG(remote_addressing) CKPT_FROM_FLAG(remote_credentials_file)
   CKPT_FROM_FLAG(remote_max_bytes_per_second) CKPT_FROM_FLAG(remote_upload_timeout_ms)
-  CKPT_FROM_FLAG(remote_fetch_bytes) CKPT_FROM_FLAG(remote_part_bytes)
+  CKPT_FROM_FLAG(remote_fetch_bytes) CKPT_FROM_FLAG(remote_fetch_resident_bytes)
+  CKPT_FROM_FLAG(remote_part_bytes)
   CKPT_FROM_FLAG(remote_requests_in_flight)
   CKPT_FROM_FLAG(remote_keep_last)
 #undef CKPT_FROM_FLAG

@@ -95,6 +95,7 @@ RemoteTierOptions RemoteTierOptionsOf(const DaemonOptions& options) {
   remote.max_bytes_per_second = options.remote_max_bytes_per_second;
   remote.upload_timeout = absl::Milliseconds(options.remote_upload_timeout_ms);
   remote.fetch_bytes = options.remote_fetch_bytes;
+  remote.fetch_resident_bytes = options.remote_fetch_resident_bytes;
   remote.part_size = options.remote_part_bytes;
   remote.fetch_requests_in_flight = options.remote_requests_in_flight;
   remote.retention.keep_last = options.remote_keep_last;

@@ -1,10 +1,14 @@
 #include "storage/fetch_buffers.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace ckpt {
 namespace {
@@ -13,7 +17,57 @@ void Unmap(const std::vector<std::pair<char*, uint64_t>>& mappings) {
   for (const auto& [mapping, capacity] : mappings) ::munmap(mapping, capacity);
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+
+// A resident spare: huge pages advised (as Take's fresh windows are), then
+// every page faulted in writable now. MADV_POPULATE_WRITE where the kernel
+// has it (EINVAL before 5.14), else one write per page. Null if it cannot
+// be mapped or populated (memory short, a memcg limit: ENOMEM).
+char* MapResident(uint64_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  char* mapping = static_cast<char*>(p);
+  ::madvise(mapping, bytes, MADV_HUGEPAGE);  // advice only: small pages work too
+  if (::madvise(mapping, bytes, MADV_POPULATE_WRITE) == 0) return mapping;
+  if (errno != EINVAL) {
+    ::munmap(mapping, bytes);
+    return nullptr;
+  }
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  for (uint64_t offset = 0; offset < bytes; offset += page) mapping[offset] = 0;
+  return mapping;
+}
+
 }  // namespace
+
+uint64_t FetchBuffers::MakeResident(uint64_t bytes, uint64_t piece,
+                                    const std::atomic<bool>& stop) {
+  if (piece == 0) return 0;
+  const uint64_t pieces = std::min(bytes, budget_) / piece;
+  uint64_t added = 0;
+  for (uint64_t i = 0; i < pieces && !stop.load(); ++i) {
+    // Faulted in before any fetch can see it: nothing else touches it.
+    char* mapping = MapResident(piece);
+    if (mapping == nullptr) {
+      LogWarning("remote fetches: ", added, " of the ", pieces * piece,
+                 " resident bytes asked for could be mapped and faulted in (",
+                 std::strerror(errno), "); restores zero the rest of their windows' pages");
+      break;
+    }
+    absl::MutexLock lock(&mu_);
+    if (held_ + spare_bytes_ + piece > budget_) {
+      ::munmap(mapping, piece);
+      break;
+    }
+    spares_.push_back({mapping, piece});
+    spare_bytes_ += piece;
+    resident_ += piece;
+    added += piece;
+  }
+  return added;
+}
 
 FetchBuffers::~FetchBuffers() {
   absl::MutexLock lock(&mu_);
@@ -113,9 +167,14 @@ void FetchBuffers::Trim() {
   {
     absl::MutexLock lock(&mu_);
     if (held_ > 0) return;
-    for (const Spare& s : spares_) dropped.emplace_back(s.mapping, s.capacity);
-    spares_.clear();
-    spare_bytes_ = 0;
+    // The largest go first; what is left within the resident bytes stays.
+    std::sort(spares_.begin(), spares_.end(),
+              [](const Spare& a, const Spare& b) { return a.capacity < b.capacity; });
+    while (spare_bytes_ > resident_ && !spares_.empty()) {
+      dropped.emplace_back(spares_.back().mapping, spares_.back().capacity);
+      spare_bytes_ -= spares_.back().capacity;
+      spares_.pop_back();
+    }
   }
   Unmap(dropped);
 }

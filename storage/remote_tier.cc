@@ -99,6 +99,11 @@ RemoteTier::RemoteTier(RemoteTierOptions options, const CheckpointStore* local,
       pacer_(options_.max_bytes_per_second) {
   absl::MutexLock lock(&join_mu_);
   thread_ = std::thread([this] { Run(); });
+  // On a thread of its own: neither the daemon's readiness nor the first
+  // uploads wait for it (about a second per 512 MiB here).
+  if (options_.fetch_resident_bytes > 0) {
+    resident_thread_ = std::thread([this] { MakeFetchWindowsResident(); });
+  }
 }
 
 RemoteTier::~RemoteTier() { Stop(); }
@@ -112,6 +117,7 @@ void RemoteTier::Stop() {
   {
     absl::MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
+    if (resident_thread_.joinable()) resident_thread_.join();
   }
   std::vector<std::pair<RemoteProgress, std::vector<UploadEnded>>> dropped;
   {
@@ -235,6 +241,14 @@ void RemoteTier::Update(Upload& upload, RemoteState state, uint64_t more_bytes,
   upload.progress.state = state;
   upload.progress.bytes_uploaded += more_bytes;
   upload.progress.files_uploaded += more_files;
+}
+
+void RemoteTier::MakeFetchWindowsResident() {
+  const absl::Time began = absl::Now();
+  const uint64_t resident =
+      fetch_buffers_->MakeResident(options_.fetch_resident_bytes, fetch_window_bytes(), stopping_);
+  LogInfo("remote tier: ", resident, " bytes of fetch windows faulted in and kept, in ",
+          absl::FormatDuration(absl::Now() - began));
 }
 
 void RemoteTier::Run() {

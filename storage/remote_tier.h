@@ -33,7 +33,8 @@
 // store's one buffer per file), the queue (max_queued entries), and a
 // bounded history of finished uploads for status.
 // Thread-safety: all public methods may be called from any thread; the
-// uploads run on the tier's own thread.
+// uploads run on the tier's own thread, and the resident fetch windows
+// (fetch_resident_bytes) are faulted in on a second one at start.
 #pragma once
 
 #include <atomic>
@@ -77,6 +78,10 @@ struct RemoteTierOptions {
   // fetched at once (one window holds at most this much), and how long a
   // fetch waits for that memory and its requests together.
   uint64_t fetch_bytes = 4ull << 30;
+  // Of that, the bytes faulted in on the tier's thread when it starts and
+  // kept, in windows (storage/fetch_buffers.h): a restore's first windows
+  // need no zeroing of fresh pages. 0: none.
+  uint64_t fetch_resident_bytes = 0;
   absl::Duration fetch_timeout = absl::Minutes(10);
   // Ranged GETs of part_size one window's fetch runs at once.
   size_t fetch_requests_in_flight = 8;
@@ -222,6 +227,8 @@ class RemoteTier {
   };
 
   void Run();
+  // Faults in fetch_resident_bytes of fetch windows, once, at start.
+  void MakeFetchWindowsResident();
   // The checkpoint's upload running or queued, else its newest finished.
   std::optional<RemoteProgress> FindLocked(const std::string& job,
                                            const std::string& checkpoint) const
@@ -298,6 +305,7 @@ class RemoteTier {
 
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
+  std::thread resident_thread_ ABSL_GUARDED_BY(join_mu_);
 
   // Read at each metrics render; last, so unbound before what it reads goes.
   GaugeBinding backlog_gauge_ =

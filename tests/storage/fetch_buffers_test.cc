@@ -3,9 +3,14 @@
 // image's mapping (and its pages) is what the next fetch that fits gets.
 #include "storage/fetch_buffers.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -26,7 +31,46 @@ std::shared_ptr<FileImage> MustTake(FetchBuffers& buffers, uint64_t size) {
   return *std::move(image);
 }
 
+// Whether every page of [data, data + size) is in memory (mincore).
+bool AllResident(const char* data, uint64_t size) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((size + page - 1) / page);
+  REQUIRE(::mincore(const_cast<char*>(data), size, in_core.data()) == 0);
+  for (unsigned char c : in_core) {
+    if ((c & 1) == 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+TEST_CASE("resident fetch windows are faulted in before a fetch gets one, stay through Trim, "
+          "and stop at the budget or when told",
+          "[fetch_buffers]") {
+  auto buffers = std::make_shared<FetchBuffers>(8 * kMiB);
+  std::atomic<bool> stop{false};
+  // 10 MiB asked in 3 MiB windows, within an 8 MiB budget: two windows.
+  CHECK(buffers->MakeResident(10 * kMiB, 3 * kMiB, stop) == 6 * kMiB);
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 6 * kMiB));
+  std::shared_ptr<FileImage> window = MustTake(*buffers, 3 * kMiB);
+  CHECK(window->capacity() == 3 * kMiB);
+  CHECK(AllResident(window->data(), window->capacity()));
+  // A window larger than the budget's rest: the other resident spare goes
+  // to make room, as any spare does.
+  std::shared_ptr<FileImage> large = MustTake(*buffers, 5 * kMiB);
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(8 * kMiB, 0));
+  window.reset();
+  large.reset();
+  // Trim keeps the resident bytes' worth of spares (the smaller ones),
+  // and unmaps the rest.
+  buffers->Trim();
+  CHECK(buffers->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 3 * kMiB));
+  // Told to stop: no more windows.
+  auto stopped = std::make_shared<FetchBuffers>(8 * kMiB);
+  stop = true;
+  CHECK(stopped->MakeResident(8 * kMiB, 2 * kMiB, stop) == 0);
+  CHECK(stopped->HeldAndSpare() == std::pair<uint64_t, uint64_t>(0, 0));
+}
 
 TEST_CASE("a dropped fetch image's mapping, pages and all, is the next fetch's that it holds",
           "[fetch_buffers]") {
