@@ -1,6 +1,7 @@
 // CommitWatcher: the save side's timer thread: it retries commits of
-// checkpoints waiting for other nodes, and checks the deadline of attempts
-// waiting for their local ranks.
+// checkpoints waiting for other nodes, checks the deadline of attempts
+// waiting for their local ranks, and follows committed checkpoints'
+// uploads to the remote tier to end their saves' remote phase.
 //
 // On several nodes, the node that finishes last writes COMMIT; the others,
 // once their node manifest is durable, must notice that (or give up after

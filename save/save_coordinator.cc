@@ -108,7 +108,7 @@ SaveCoordinator::SaveCoordinator(const SaveOptions& options,
       writer_({.node_id = options.node_id,
                .checksum_block_bytes = options.checksum_block_bytes,
                .write_rate_limit = options.write_rate_limit},
-              store, pool, tier, board_.get(), file_ops),
+              store, pool, tier, &board_, file_ops),
       watcher_(kCommitPollInterval),
       // As often as the nodes' meeting polls (a few nodes: 10 ms), so that
       // its steps do not wait for this watcher's tick.
@@ -357,13 +357,12 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp,
   // begun with COMMITTED, ends with the upload (or now, if it cannot be
   // queued): the last step of the saves' progress.
   if (remote_ != nullptr) {
-    // The callback holds the board, not this coordinator: a daemon that
-    // returns early destroys the coordinator before the tier.
-    absl::Status queued = remote_->Enqueue(
-        cp.job, cp.name, [board = board_, save_ids](const RemoteProgress& upload) {
-          EndRemotePhase(*board, save_ids, upload);
-        });
-    if (!queued.ok()) {
+    absl::Status queued = remote_->Enqueue(cp.job, cp.name);
+    if (queued.ok()) {
+      watcher_.Watch([this, job = cp.job, name = cp.name, save_ids] {
+        return FollowRemotePhase(job, name, save_ids);
+      });
+    } else {
       LogWarning(LogFields().Job(cp.job).Checkpoint(cp.name),
                  "not copied to the remote tier: ", queued.ToString());
       RemoteProgress refused;
@@ -374,7 +373,7 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp,
                                    queued.message());
       refused.queued_at = refused.ended_at = absl::Now();
       refused.started_at = absl::InfinitePast();
-      EndRemotePhase(*board_, save_ids, refused);
+      EndRemotePhase(save_ids, refused);
     }
   }
   // Only now is there a newer committed checkpoint to make room for.
@@ -386,13 +385,37 @@ void SaveCoordinator::AfterCommit(const CheckpointAttempt& cp,
   }
 }
 
-void SaveCoordinator::EndRemotePhase(SaveProgressBoard& board,
-                                     const std::vector<uint64_t>& save_ids,
+bool SaveCoordinator::FollowRemotePhase(const std::string& job, const std::string& checkpoint,
+                                        const std::vector<uint64_t>& save_ids) {
+  std::optional<RemoteProgress> upload = remote_->Progress(job, checkpoint);
+  if (upload.has_value() && upload->state != RemoteState::kCommitted &&
+      upload->state != RemoteState::kFailed) {
+    return false;  // queued or under way
+  }
+  if (!upload.has_value()) {
+    // Out of the tier's bounded history before this look (more than its
+    // `history` uploads ended within one watcher tick): how it ended is
+    // not known here, only that it did.
+    upload.emplace();
+    upload->job = job;
+    upload->checkpoint = checkpoint;
+    upload->state = RemoteState::kFailed;
+    upload->error = absl::StrCat("node ", options_.node_id, ": the upload of ", job, "/",
+                                 checkpoint, " ended, but its record is gone (ckptctl list "
+                                 "shows whether it is committed in the remote tier)");
+    upload->queued_at = upload->ended_at = absl::Now();
+    upload->started_at = absl::InfinitePast();
+  }
+  EndRemotePhase(save_ids, *upload);
+  return true;
+}
+
+void SaveCoordinator::EndRemotePhase(const std::vector<uint64_t>& save_ids,
                                      const RemoteProgress& upload) {
   const bool committed = upload.state == RemoteState::kCommitted;
   ListenerCalls calls;
   for (uint64_t id : save_ids) {
-    board.Update(
+    board_.Update(
         id, /*force=*/true,
         [&](v1::SaveProgress& p) {
           p.set_remote_phase(committed ? v1::PHASE_REMOTE_COMMITTED : v1::PHASE_REMOTE_FAILED);
@@ -453,7 +476,7 @@ void SaveCoordinator::FinishRetirement(std::optional<Retired> retired) {
 absl::Status SaveCoordinator::WatchNext(const Session& session,
                                         uint64_t save_id, uint64_t after,
                                         Listener listener) {
-  return board_->WatchNext(session.id(), save_id, after, std::move(listener));
+  return board_.WatchNext(session.id(), save_id, after, std::move(listener));
 }
 
 absl::StatusOr<uint32_t> SaveCoordinator::CancelSave(const Session& session,

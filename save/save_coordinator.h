@@ -105,7 +105,7 @@ class SaveCoordinator {
                                             absl::string_view checkpoint);
 
   // Progress of every part not yet in a final phase.
-  std::vector<v1::SaveProgress> InFlight() const { return board_->InFlight(); }
+  std::vector<v1::SaveProgress> InFlight() const { return board_.InFlight(); }
 
   // Tensor bytes written to data files since start (headers excluded).
   uint64_t tensor_bytes_written() const {
@@ -177,12 +177,15 @@ class SaveCoordinator {
   // the upload to the remote tier queued; `save_ids` are the parts, whose
   // remote phase the upload's end ends.
   void AfterCommit(const CheckpointAttempt& checkpoint, std::vector<uint64_t> save_ids);
-  // The remote phase of parts `save_ids` ended as `upload` did (the remote
-  // tier's callback, on its thread; or AfterCommit, if the upload could
-  // not be queued): published on `board` as REMOTE_COMMITTED or
-  // REMOTE_FAILED.
-  static void EndRemotePhase(SaveProgressBoard& board, const std::vector<uint64_t>& save_ids,
-                             const RemoteProgress& upload);
+  // The remote phase, the saves' last step, on the commit watcher like a
+  // commit retry: asks the remote tier how the checkpoint's upload stands
+  // and, once it has ended, ends the phase of parts `save_ids` as it did;
+  // true then (no further look needed). The tier calls nobody back.
+  bool FollowRemotePhase(const std::string& job, const std::string& checkpoint,
+                         const std::vector<uint64_t>& save_ids);
+  // The remote phase of parts `save_ids` ended as `upload` did: published
+  // as REMOTE_COMMITTED or REMOTE_FAILED.
+  void EndRemotePhase(const std::vector<uint64_t>& save_ids, const RemoteProgress& upload);
   // After a failed COMMIT write of a single-node job: removes a COMMIT the
   // write left in place; true once none is there (durably).
   bool WithdrawFailedCommit(const CheckpointAttempt& checkpoint);
@@ -205,10 +208,8 @@ class SaveCoordinator {
   // root per node) or in `shared_root` (the root they share); else
   // CommitProtocol.
   const std::unique_ptr<LocalCommit> commit_;
-  // Shared with the remote tier's callbacks (EndRemotePhase), which may
-  // outlive this coordinator.
-  const std::shared_ptr<SaveProgressBoard> board_ = std::make_shared<SaveProgressBoard>();
-  InFlightCheckpoints checkpoints_{board_.get()};
+  SaveProgressBoard board_;
+  InFlightCheckpoints checkpoints_{&board_};
   OpenSessions open_sessions_;
   PartWriter writer_;
   // Last: destroyed first, so no retry runs against the members above.

@@ -119,43 +119,31 @@ void RemoteTier::Stop() {
     if (thread_.joinable()) thread_.join();
     if (resident_thread_.joinable()) resident_thread_.join();
   }
-  std::vector<std::pair<RemoteProgress, std::vector<UploadEnded>>> dropped;
-  {
-    absl::MutexLock queue_lock(&mu_);
-    for (const auto& upload : queue_) {
-      const RemoteProgress& p = upload->progress;
-      std::vector<UploadEnded> ended = EndLocked(
-          *upload, absl::CancelledError(absl::StrCat("node ", options_.node_id, ": ",
-                                                     StoppedBeforeUpload(p.job, p.checkpoint))));
-      dropped.emplace_back(upload->progress, std::move(ended));
-    }
-    queue_.clear();
+  absl::MutexLock queue_lock(&mu_);
+  for (const auto& upload : queue_) {
+    const RemoteProgress& p = upload->progress;
+    EndLocked(*upload, absl::CancelledError(absl::StrCat(
+                           "node ", options_.node_id, ": ",
+                           StoppedBeforeUpload(p.job, p.checkpoint))));
   }
-  for (const auto& [progress, ended] : dropped) {
-    for (const UploadEnded& call : ended) call(progress);
-  }
+  queue_.clear();
 }
 
-absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint,
-                                 UploadEnded ended) {
+absl::Status RemoteTier::Enqueue(const std::string& job, const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
-  return EnqueueLocked(job, checkpoint, /*resumed=*/false, std::move(ended));
+  return EnqueueLocked(job, checkpoint, /*resumed=*/false);
 }
 
 absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string& checkpoint,
-                                       bool resumed, UploadEnded ended) {
+                                       bool resumed) {
   if (stopped_) {
     return absl::CancelledError(StoppedBeforeUpload(job, checkpoint));
   }
-  auto join = [&](Upload& upload) {
-    if (ended) upload.ended.push_back(std::move(ended));
-    return absl::OkStatus();
-  };
   if (running_ != nullptr && Same(running_->progress, job, checkpoint)) {
-    return join(*running_);
+    return absl::OkStatus();
   }
   for (const auto& queued : queue_) {
-    if (Same(queued->progress, job, checkpoint)) return join(*queued);
+    if (Same(queued->progress, job, checkpoint)) return absl::OkStatus();
   }
   if (queue_.size() >= options_.max_queued) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -171,20 +159,19 @@ absl::Status RemoteTier::EnqueueLocked(const std::string& job, const std::string
   upload->progress.queued_at = absl::Now();
   upload->progress.started_at = absl::InfinitePast();
   upload->progress.ended_at = absl::InfinitePast();
-  if (ended) upload->ended.push_back(std::move(ended));
   queue_.push_back(std::move(upload));
   return absl::OkStatus();
 }
 
-std::vector<RemoteTier::UploadEnded> RemoteTier::EndLocked(Upload& upload,
-                                                          const absl::Status& status) {
+void RemoteTier::EndLocked(Upload& upload, const absl::Status& status) {
   upload.progress.state = status.ok() ? RemoteState::kCommitted : RemoteState::kFailed;
   if (!status.ok()) upload.progress.error = std::string(status.message());
   upload.progress.ended_at = absl::Now();
-  // The lease goes before the end is seen: once WaitFor says ended (or a
-  // callback hears it), local retention may take the checkpoint.
+  // The lease goes before the end is seen: once Progress or WaitFor says
+  // ended, local retention may take the checkpoint.
   upload.lease.reset();
-  return std::exchange(upload.ended, {});
+  finished_.push_back(upload.progress);
+  while (finished_.size() > options_.history) finished_.pop_front();
 }
 
 size_t RemoteTier::Backlog() const {
@@ -297,15 +284,9 @@ void RemoteTier::Run() {
       LogError(LogFields().Job(p.job).Checkpoint(p.checkpoint).Set("node", options_.node_id),
                "remote tier: ", status.ToString(), " (the local copy stays committed)");
     }
-    std::vector<UploadEnded> ended;
-    {
-      absl::MutexLock lock(&mu_);
-      ended = EndLocked(*upload, status);
-      finished_.push_back(upload->progress);
-      while (finished_.size() > options_.history) finished_.pop_front();
-      running_ = nullptr;
-    }
-    for (const UploadEnded& call : ended) call(upload->progress);
+    absl::MutexLock lock(&mu_);
+    EndLocked(*upload, status);
+    running_ = nullptr;
   }
 }
 

@@ -24,9 +24,10 @@
 // and commit together; the driver's own deadlines bound each request), and
 // a failure names the node, the object and the server's answer. The local
 // checkpoint stays committed whatever happens here; a later Enqueue (the
-// next save's, or an operator's) retries it. Whoever enqueues may hand a
-// callback that hears the upload's end: the save's remote phase
-// (SaveProgress.remote_phase) is fed by it, one call per upload.
+// next save's, or an operator's) retries it. The tier calls nobody back:
+// who wants an upload's end asks Progress (the save's remote phase,
+// SaveProgress.remote_phase, is a step the save side's watcher advances
+// that way: save/save_coordinator.h) or waits in WaitFor.
 //
 // Memory: the part buffers of the requests in flight (the S3 driver's
 // part slots, shared by the two files uploaded at once; a directory
@@ -130,19 +131,13 @@ class RemoteTier {
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
-  // Hears an upload's end, once: its progress, kCommitted or kFailed (an
-  // upload Stop drops is kFailed too). Called with no lock held, on the
-  // tier's thread or Stop's caller, so it must not wait on the tier.
-  using UploadEnded = std::function<void(const RemoteProgress& progress)>;
-
   // Queues the upload of this node's part of a checkpoint committed in the
-  // local root, and leases it there until the upload ends; `ended` (if
-  // any) hears its end. OK if it is queued or uploading already (`ended`
-  // hears that upload's end); ResourceExhausted if max_queued wait;
-  // NotFound if the local checkpoint is being deleted; FailedPrecondition
-  // once stopped. `ended` is not called when it fails.
-  absl::Status Enqueue(const std::string& job, const std::string& checkpoint,
-                       UploadEnded ended = nullptr);
+  // local root, and leases it there until the upload ends. OK if it is
+  // queued or uploading already (Progress follows that upload);
+  // ResourceExhausted if max_queued wait; NotFound if the local checkpoint
+  // is being deleted; Cancelled once stopped (with the words a queued
+  // upload Stop drops ends with).
+  absl::Status Enqueue(const std::string& job, const std::string& checkpoint);
 
   // For a daemon that starts: queues, newest first, the locally committed
   // checkpoints that have a part of this node and no COMMIT in the remote
@@ -169,8 +164,8 @@ class RemoteTier {
                                         absl::Duration timeout) const;
 
   // Stops the thread: the running upload ends at its next part or poll
-  // (failed: "daemon stopping"), queued ones are dropped (their UploadEnded
-  // callbacks hear it, failed). Idempotent.
+  // (failed: "daemon stopping"), queued ones are dropped (they end failed,
+  // as Progress then says). Idempotent.
   void Stop();
 
   ObjectStore& remote() const { return *remote_; }
@@ -223,7 +218,6 @@ class RemoteTier {
     // Queued by ResumeUnfinished: an earlier daemon may have left
     // unfinished multipart uploads of its files.
     bool resumed = false;
-    std::vector<UploadEnded> ended;  // guarded by mu_
   };
 
   void Run();
@@ -236,12 +230,10 @@ class RemoteTier {
   // ResumeUnfinished's work, on the tier's thread.
   void FindUnfinished();
   absl::Status EnqueueLocked(const std::string& job, const std::string& checkpoint,
-                             bool resumed, UploadEnded ended = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `upload` ended with `status` (the lease goes first), and
-  // hands back its callbacks, to be called once mu_ is released.
-  std::vector<UploadEnded> EndLocked(Upload& upload, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                             bool resumed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `upload` ended with `status` (the lease goes first) among
+  // the finished ones.
+  void EndLocked(Upload& upload, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Uploads the files and runs the remote commit of `upload` (on the tier's
   // thread, without the lock).
   absl::Status UploadAndCommit(Upload& upload);

@@ -282,91 +282,67 @@ TEST_CASE("stopping the tier ends a running upload and drops the queue", "[remot
   CHECK(local.leases.ClaimForDeletion(kJob, kCheckpoint));
 }
 
-// What an upload's UploadEnded callbacks heard.
-struct Heard {
-  RemoteTier::UploadEnded Callback() {
-    return [this](const RemoteProgress& p) {
-      absl::MutexLock lock(&mu);
-      ends.push_back(p);
-    };
-  }
-  // The ends heard once there are `n` (fails after 30 s).
-  std::vector<RemoteProgress> Wait(size_t n) {
-    absl::MutexLock lock(&mu);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return ends.size() >= n; };
-    REQUIRE(mu.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30)));
-    return ends;
-  }
-  absl::Mutex mu;
-  std::vector<RemoteProgress> ends ABSL_GUARDED_BY(mu);
-};
+// The checkpoint's upload once it has ended (fails after 30 s).
+RemoteProgress Ended(const RemoteTier& tier, const std::string& checkpoint) {
+  std::optional<RemoteProgress> p = tier.WaitFor(kJob, checkpoint, absl::Seconds(30));
+  REQUIRE(p.has_value());
+  INFO(p->error);
+  REQUIRE((p->state == RemoteState::kCommitted || p->state == RemoteState::kFailed));
+  return *p;
+}
 
-TEST_CASE("every callback handed to an upload, by its Enqueue or a later one while it runs, "
-          "hears once that it committed",
+TEST_CASE("an Enqueue while the checkpoint's upload runs joins it: one upload, which Progress "
+          "follows to its commit",
           "[remote_tier]") {
   LocalCheckpoint local(1);
   auto remote = std::make_shared<InMemoryObjectStore>();
   RemoteTierOptions options = NodeOptions(0, 1);
   options.max_bytes_per_second = 1 << 20;  // seconds: the second Enqueue joins it
   RemoteTier tier(options, &local.store, nullptr, &local.leases, remote);
-  Heard heard;
-  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
-  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
-  const std::vector<RemoteProgress> ends = heard.Wait(2);
-  REQUIRE(ends.size() == 2);
-  for (const RemoteProgress& p : ends) {
-    INFO(p.error);
-    CHECK(p.state == RemoteState::kCommitted);
-    CHECK(p.bytes_uploaded == kFileSize);
-    CHECK(p.ended_at != absl::InfinitePast());
-  }
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());
+  const RemoteProgress p = Ended(tier, kCheckpoint);
+  CHECK(p.state == RemoteState::kCommitted);
+  CHECK(p.bytes_uploaded == kFileSize);
+  CHECK(p.ended_at != absl::InfinitePast());
   CHECK(tier.Progress().size() == 1);  // one upload
-  absl::SleepFor(absl::Milliseconds(100));
-  CHECK(heard.Wait(2).size() == 2);  // and no more calls
 }
 
-TEST_CASE("a callback hears an upload's failure with its reason", "[remote_tier]") {
+TEST_CASE("an upload's failure is in its progress with its reason", "[remote_tier]") {
   LocalCheckpoint local(1);
   auto remote = std::make_shared<DeniedStore>();
   RemoteTier tier(NodeOptions(0, 1), &local.store, nullptr, &local.leases, remote);
-  Heard heard;
-  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());
-  const std::vector<RemoteProgress> ends = heard.Wait(1);
-  REQUIRE(ends.size() == 1);
-  CHECK(ends[0].state == RemoteState::kFailed);
-  CHECK(absl::StrContains(ends[0].error, "node 0"));
-  CHECK(absl::StrContains(ends[0].error, "403 AccessDenied"));
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());
+  const RemoteProgress p = Ended(tier, kCheckpoint);
+  CHECK(p.state == RemoteState::kFailed);
+  CHECK(absl::StrContains(p.error, "node 0"));
+  CHECK(absl::StrContains(p.error, "403 AccessDenied"));
 }
 
-TEST_CASE("stopping the tier makes the callbacks of the running upload and of the queued "
-          "ones hear a failure before Stop returns",
+TEST_CASE("stopping the tier ends the running upload and the queued ones failed before Stop "
+          "returns, and one queued too late is refused in the same words",
           "[remote_tier]") {
   LocalCheckpoint local(2);
   auto remote = std::make_shared<InMemoryObjectStore>();
   RemoteTier tier(NodeOptions(0, 2), &local.store, nullptr, &local.leases, remote);
-  Heard heard;
-  REQUIRE(tier.Enqueue(kJob, kCheckpoint, heard.Callback()).ok());  // waits for node 1
-  REQUIRE(tier.Enqueue(kJob, "step-2", heard.Callback()).ok());     // queued behind it
+  REQUIRE(tier.Enqueue(kJob, kCheckpoint).ok());  // waits for node 1
+  REQUIRE(tier.Enqueue(kJob, "step-2").ok());     // queued behind it
   absl::SleepFor(absl::Milliseconds(200));
   tier.Stop();
-  std::vector<RemoteProgress> ends;
-  {
-    absl::MutexLock lock(&heard.mu);
-    ends = heard.ends;
+  for (const std::string& name : {std::string(kCheckpoint), std::string("step-2")}) {
+    std::optional<RemoteProgress> p = tier.Progress(kJob, name);
+    REQUIRE(p.has_value());
+    INFO(name << ": " << p->error);
+    CHECK(p->state == RemoteState::kFailed);
+    CHECK(absl::StrContains(p->error, "stop"));
+    CHECK(p->ended_at != absl::InfinitePast());
   }
-  REQUIRE(ends.size() == 2);
-  for (const RemoteProgress& p : ends) {
-    INFO(p.checkpoint << ": " << p.error);
-    CHECK(p.state == RemoteState::kFailed);
-    CHECK(absl::StrContains(p.error, "stop"));
-  }
-  REQUIRE(ends[1].checkpoint == "step-2");
-  CHECK(absl::StrContains(ends[1].error, "the daemon stopped before the upload of sim/step-2 "
-                                         "began"));
+  CHECK(absl::StrContains(tier.Progress(kJob, "step-2")->error,
+                          "the daemon stopped before the upload of sim/step-2 began"));
   // One queued too late hears what one still in the queue heard: the daemon
   // reports both alike (a save's COMMITTED can reach its trainer before
   // the upload is queued, and a SIGTERM can come between).
-  const absl::Status late = tier.Enqueue(kJob, "step-3", heard.Callback());
+  const absl::Status late = tier.Enqueue(kJob, "step-3");
   CHECK(absl::IsCancelled(late));
   CHECK(absl::StrContains(late.message(), "the daemon stopped before the upload of sim/step-3 "
                                           "began"));
