@@ -235,6 +235,9 @@ InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
     if (status.ok()) {
       result.node_durable =
           ++entry.durable_parts == entry.checkpoint->local_ranks;
+      if (result.node_durable) {
+        for (const auto& [rank, each] : entry.parts) result.parts.push_back(each);
+      }
     } else {
       // The cause; every part's line for the phase it ends in follows.
       LogWarning(LogFields()
@@ -253,17 +256,6 @@ InFlightCheckpoints::PartFinished InFlightCheckpoints::FinishPart(
   }
   result.retired = MaybeRetireLocked(it);
   return result;
-}
-
-std::vector<std::shared_ptr<SavePart>> InFlightCheckpoints::Parts(
-    const CheckpointAttempt& checkpoint) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<SavePart>> parts;
-  auto it = entries_.find(checkpoint.key);
-  if (it == entries_.end() || it->second.checkpoint.get() != &checkpoint)
-    return parts;
-  for (const auto& [rank, part] : it->second.parts) parts.push_back(part);
-  return parts;
 }
 
 bool InFlightCheckpoints::NodeDurable(const CheckpointAttempt& checkpoint,

@@ -120,14 +120,13 @@ class InFlightCheckpoints {
   struct PartFinished {
     bool node_durable =
         false;  // it was the last local part: write the manifest
+    // With node_durable, the attempt's parts in rank order, all durable:
+    // no worker touches them any more.
+    std::vector<std::shared_ptr<SavePart>> parts;
     std::optional<Retired> retired;
   };
   PartFinished FinishPart(const SavePart& part, const absl::Status& status,
                           ListenerCalls* out);
-
-  // The attempt's parts in rank order (all durable once node_durable).
-  std::vector<std::shared_ptr<SavePart>> Parts(
-      const CheckpointAttempt& checkpoint) const;
 
   // The node manifest is durable: every part becomes DURABLE. False if the
   // attempt ended meanwhile (then no commit is tried).

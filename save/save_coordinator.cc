@@ -219,10 +219,11 @@ void SaveCoordinator::RunPart(const std::shared_ptr<SavePart>& part,
       checkpoints_.FinishPart(*part, status, &calls);
   calls.Run();
   FinishRetirement(std::move(finished.retired));
-  if (finished.node_durable) FinishNode(part->checkpoint);
+  if (finished.node_durable) FinishNode(part->checkpoint, finished.parts);
 }
 
-void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
+void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp,
+                                 const std::vector<std::shared_ptr<SavePart>>& parts) {
   v1::Manifest header;
   header.set_format_version(1);
   header.set_job(cp->job);
@@ -232,8 +233,6 @@ void SaveCoordinator::FinishNode(const std::shared_ptr<CheckpointAttempt>& cp) {
   header.set_world_size(cp->world_size);
   header.set_checksum_block_bytes(options_.checksum_block_bytes);
   header.set_created_unix_micros(absl::ToUnixMicros(cp->started));
-  // Every local part is durable, so no worker touches them any more.
-  const std::vector<std::shared_ptr<SavePart>> parts = checkpoints_.Parts(*cp);
   std::vector<WrittenPart> written;
   for (const auto& part : parts) {
     written.push_back(

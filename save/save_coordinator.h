@@ -166,7 +166,8 @@ class SaveCoordinator {
   // The worker's task: write the part, then record how it ended.
   void RunPart(const std::shared_ptr<SavePart>& part, IoQueue& queue);
   // Writes the node manifest, then commits or hands over to the watcher.
-  void FinishNode(const std::shared_ptr<CheckpointAttempt>& checkpoint);
+  void FinishNode(const std::shared_ptr<CheckpointAttempt>& checkpoint,
+                  const std::vector<std::shared_ptr<SavePart>>& parts);
   // One commit attempt; true once no further attempt is needed (committed,
   // failed or timed out).
   bool TryCommit(const std::shared_ptr<CheckpointAttempt>& checkpoint);
