@@ -311,6 +311,10 @@ absl::Status RunServer(const DaemonOptions& options, const sigset_t& signals,
 
   ServiceNotifier notifier;
   notifier.Ready();
+  // Only now: faulting in the resident fetch windows takes half a second
+  // or so of one core and holds the process's memory map, which the
+  // start-up's own mappings (the staging pool's) would wait for.
+  if (remote != nullptr) remote->StartResidentFetchWindows();
   auto status_line = [&] {
     return ServiceStatusLine(saves->InFlight().size(),
                              pool->pool_bytes() - pool->free_bytes(), pool->pool_bytes());

@@ -18,6 +18,12 @@
 //             failed attempt whose files must be removed stays, refusing
 //             new saves of its name, until ForgetRemoved.
 //
+// With a remote tier, COMMITTED also begins the parts' remote phase
+// [REMOTE_UPLOADING]; the attempt has left the set by then, so that step
+// lives on the board, advanced by the coordinator's commit watcher from
+// the remote tier's progress to [REMOTE_COMMITTED] or [REMOTE_FAILED]
+// (SaveCoordinator::FollowRemotePhase).
+//
 // Transitions that end an attempt return a Retired when it leaves the set:
 // what remains to be done with no lock held (drop the memory tier's images,
 // remove this node's files). Parts' progress is published on the

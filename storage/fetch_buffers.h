@@ -18,11 +18,12 @@
 // (a replacement node's) would still land on fresh pages, half of a 1 GiB
 // restore of two files, and the kernel's zeroing of them was 45% of the
 // restoring daemon's CPU in the remote benchmark's profile. So
-// MakeResident maps and faults in spares when the daemon starts (on the
-// remote tier's thread, not delaying the daemon's readiness), as the
-// staging pool is, and Trim keeps them: the zeroing moves from the restore
-// to the daemon's start, and those bytes stay in memory for the daemon's
-// life (counted against the budget like any spare).
+// MakeResident maps and faults in spares once the daemon is ready (on a
+// thread of the remote tier: RemoteTier::StartResidentFetchWindows), much
+// as the staging pool is faulted in at start, and Trim keeps them: the
+// zeroing moves from the restore to the daemon's first second, and those
+// bytes stay in memory for the daemon's life (counted against the budget
+// like any spare).
 //
 // A spare's old bytes never reach anyone: a fetch overwrites its whole
 // window or fails (RemoteTier::FetchRange).

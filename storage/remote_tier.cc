@@ -99,11 +99,13 @@ RemoteTier::RemoteTier(RemoteTierOptions options, const CheckpointStore* local,
       pacer_(options_.max_bytes_per_second) {
   absl::MutexLock lock(&join_mu_);
   thread_ = std::thread([this] { Run(); });
-  // On a thread of its own: neither the daemon's readiness nor the first
-  // uploads wait for it (about a second per 512 MiB here).
-  if (options_.fetch_resident_bytes > 0) {
-    resident_thread_ = std::thread([this] { MakeFetchWindowsResident(); });
-  }
+}
+
+void RemoteTier::StartResidentFetchWindows() {
+  absl::MutexLock lock(&join_mu_);
+  if (options_.fetch_resident_bytes == 0 || resident_started_ || stopping_.load()) return;
+  resident_started_ = true;
+  resident_thread_ = std::thread([this] { MakeFetchWindowsResident(); });
 }
 
 RemoteTier::~RemoteTier() { Stop(); }

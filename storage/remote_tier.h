@@ -35,7 +35,8 @@
 // bounded history of finished uploads for status.
 // Thread-safety: all public methods may be called from any thread; the
 // uploads run on the tier's own thread, and the resident fetch windows
-// (fetch_resident_bytes) are faulted in on a second one at start.
+// (fetch_resident_bytes) are faulted in on a second one once the daemon
+// is ready (StartResidentFetchWindows).
 #pragma once
 
 #include <atomic>
@@ -79,9 +80,9 @@ struct RemoteTierOptions {
   // fetched at once (one window holds at most this much), and how long a
   // fetch waits for that memory and its requests together.
   uint64_t fetch_bytes = 4ull << 30;
-  // Of that, the bytes faulted in on the tier's thread when it starts and
-  // kept, in windows (storage/fetch_buffers.h): a restore's first windows
-  // need no zeroing of fresh pages. 0: none.
+  // Of that, the bytes faulted in by StartResidentFetchWindows and kept,
+  // in windows (storage/fetch_buffers.h): a restore's first windows need
+  // no zeroing of fresh pages. 0: none.
   uint64_t fetch_resident_bytes = 0;
   absl::Duration fetch_timeout = absl::Minutes(10);
   // Ranged GETs of part_size one window's fetch runs at once.
@@ -138,6 +139,12 @@ class RemoteTier {
   // is being deleted; Cancelled once stopped (with the words a queued
   // upload Stop drops ends with).
   absl::Status Enqueue(const std::string& job, const std::string& checkpoint);
+
+  // Faults in fetch_resident_bytes of fetch windows on a thread of its own
+  // (storage/fetch_buffers.h), once; a daemon calls it once it is ready,
+  // so that neither its start nor the uploads wait for it (0.4 s per 512
+  // MiB here). No-op when stopped or with none asked for.
+  void StartResidentFetchWindows();
 
   // For a daemon that starts: queues, newest first, the locally committed
   // checkpoints that have a part of this node and no COMMIT in the remote
@@ -298,6 +305,7 @@ class RemoteTier {
   absl::Mutex join_mu_;
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
   std::thread resident_thread_ ABSL_GUARDED_BY(join_mu_);
+  bool resident_started_ ABSL_GUARDED_BY(join_mu_) = false;
 
   // Read at each metrics render; last, so unbound before what it reads goes.
   GaugeBinding backlog_gauge_ =
