@@ -224,6 +224,16 @@ class Daemon:
     def cpu_s(self):
         return proc_cpu_s(self.proc.pid)
 
+    def wait_for_log(self, text, timeout):
+        """Seconds until a line with `text` is in the log, or None after `timeout`."""
+        start = time.time()
+        while time.time() - start < timeout:
+            with open(self.log_path) as f:
+                if any(text in line for line in f):
+                    return time.time() - start
+            time.sleep(0.05)
+        return None
+
     def remote_log_lines(self):
         with open(self.log_path) as f:
             return [line.strip() for line in f if "remote tier" in line]
@@ -685,6 +695,13 @@ def main():
         log("restore phase: a fresh daemon with an empty --root, then s3torchconnector's reader")
         fresh = Daemon(binary, os.path.join(dir, "daemon-restore"), base + remote)
         daemons.append(fresh)
+        # A replacement node's daemon is up before its job restores (systemd
+        # starts it at boot, the Slurm launcher before the trainers), so its
+        # resident fetch windows (--remote_fetch_resident_bytes) are faulted
+        # in by then: the ranks start once they are, rather than racing them
+        # on these two cores (docs/BENCHMARKS.md, "Resident fetch windows").
+        result["restore_daemon_windows_resident_s"] = fresh.wait_for_log(
+            "bytes of fetch windows faulted in", 30)
         opts.update(socket_restore=fresh.socket, s3tc_path=saves[0]["s3tc_last_path"],
                     fingerprints=[r["fingerprint"] for r in saves])
         fresh_cpu0, weed_cpu0 = fresh.cpu_s(), weed.cpu_s()
