@@ -130,7 +130,14 @@ bool DaemonProcess::Launch() {
                                    // 4096, not only the ~10,500 the
                                    // defaults need.
                                    "--max_sessions", "256",
-                                   "--max_connections", "1024"};
+                                   "--max_connections", "1024",
+                                   // With --remote, the default faults in
+                                   // 512 MiB at start: about a second of a
+                                   // core under ASan, for each of the many
+                                   // daemons these tests start. The unit
+                                   // tests and the Python remote tests
+                                   // (default flags) cover it.
+                                   "--remote_fetch_resident_bytes", "0"};
   args.insert(args.end(), flags_.begin(), flags_.end());
   if (run_as_.has_value()) {
     std::string caps = "-all";
