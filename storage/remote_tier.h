@@ -115,6 +115,7 @@ struct RemoteProgress {
   std::string error;  // for kFailed: node, object, server's answer
   absl::Time queued_at;
   absl::Time started_at;  // InfinitePast while queued
+  absl::Time committing_at;  // the files all up; InfinitePast before
   absl::Time ended_at;  // InfinitePast until it ends
 };
 
