@@ -192,6 +192,18 @@ class SeaweedFs:
     def cpu_s(self):
         return tree_cpu_s(self.proc.pid)
 
+    def pids(self):
+        """The server's process and its descendants (the ranks sample
+        their CPU per save)."""
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)],
+                                 capture_output=True, text=True).stdout.split()
+            todo.extend(int(c) for c in out)
+        return found
+
     def stop(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -249,10 +261,11 @@ class Daemon:
         self.log.close()
 
 
-def run_ranks(a, env, phase, dir, opts):
-    store = os.path.join(dir, f"gloo-{phase}")
-    outs = [os.path.join(dir, f"{phase}-rank{r}.json") for r in range(a.world)]
-    logs = [open(os.path.join(dir, f"{phase}-rank{r}.log"), "w") for r in range(a.world)]
+def run_ranks(a, env, phase, dir, opts, tag=""):
+    """`tag` names a second set of ranks of the same phase (a fresh gloo store)."""
+    store = os.path.join(dir, f"gloo-{phase}{tag}")
+    outs = [os.path.join(dir, f"{phase}{tag}-rank{r}.json") for r in range(a.world)]
+    logs = [open(os.path.join(dir, f"{phase}{tag}-rank{r}.log"), "w") for r in range(a.world)]
     cmd = lambda r: [sys.executable, os.path.join(HERE, "worker.py"), "--phase", phase,
                      "--rank", str(r), "--world", str(a.world), "--layout", a.layout,
                      "--bytes", str(a.bytes), "--store", store, "--out", outs[r],
@@ -401,6 +414,20 @@ def run_s5cmd(s5cmd, endpoint, src_dir, files, dir, workers, conc, part_mib, wee
     return out
 
 
+def repeated(run, reps):
+    """`run` (one raw client's upload and download at one setting) `reps`
+    times; each figure the median of its reps, as ckptd's are, so that the
+    best setting is not picked by one lucky run (the best of four single
+    runs sits about one spread below their middle)."""
+    runs = [run() for _ in range(reps)]
+    out = {k: v for k, v in runs[0].items() if k not in ("upload", "download")}
+    for direction in ("upload", "download"):
+        out[direction] = {k: med([r[direction][k] for r in runs])
+                          for k in ("seconds", "client_cpu_s", "server_cpu_s")}
+        out[direction]["seconds_reps"] = [r[direction]["seconds"] for r in runs]
+    return out
+
+
 def grid(spec, n):
     rows = []
     for item in spec.split(","):
@@ -446,14 +473,27 @@ def summarize(a, saves, restores, raw, nbytes, daemon_on_cpu):
                                for i in range(len(saves[0]["s3tc"]))])
     s["s3tc_durable_s_reps"] = [slowest([r["s3tc"][i]["durable_s"] for r in saves])
                                 for i in range(len(saves[0]["s3tc"]))]
+    # The server's CPU per save, sampled by rank 0 around each one (with
+    # the barriers after it, so the server's work for it is in).
+    s["server_cpu_s_per_ckptd_remote_save"] = med(
+        [rep["on"]["server_cpu_s"] for rep in saves[0]["ckptd"]])
+    s["server_cpu_s_per_ckptd_upload"] = med(
+        [rep["on"]["server_cpu_s_after_local_commit"] for rep in saves[0]["ckptd"]])
+    s["server_cpu_s_per_s3tc_save"] = med([rep["server_cpu_s"] for rep in saves[0]["s3tc"]])
     s["s3tc_ranks_cpu_s_per_save"] = med([sum(r["s3tc"][i]["rank_cpu_s"] for r in saves)
                                           for i in range(len(saves[0]["s3tc"]))])
-    s["s3tc_ranks_cpu_s_load"] = sum(r["s3tc"]["rank_cpu_s"] for r in restores)
-    s["ckptd_restore_s"] = slowest([r["ckptd"]["restore_s"] for r in restores])
-    s["ckptd_restore_sources"] = sorted({r["ckptd"]["source"] for r in restores})
-    s["s3tc_load_s"] = slowest([r["s3tc"]["load_s"] for r in restores])
+    # Restores: `restores` holds a list of ranks per rep (each rep a fresh
+    # daemon and fresh ranks); per rep the slowest rank, then the median.
+    s["s3tc_ranks_cpu_s_load"] = med([sum(r["s3tc"]["rank_cpu_s"] for r in rs)
+                                      for rs in restores])
+    s["ckptd_restore_s_reps"] = [slowest([r["ckptd"]["restore_s"] for r in rs])
+                                 for rs in restores]
+    s["ckptd_restore_s"] = med(s["ckptd_restore_s_reps"])
+    s["ckptd_restore_sources"] = sorted({r["ckptd"]["source"] for rs in restores for r in rs})
+    s["s3tc_load_s_reps"] = [slowest([r["s3tc"]["load_s"] for r in rs]) for rs in restores]
+    s["s3tc_load_s"] = med(s["s3tc_load_s_reps"])
     s["restores_verified"] = all(r["ckptd"]["fingerprint_ok"] and r["s3tc"]["fingerprint_ok"]
-                                 for r in restores)
+                                 for rs in restores for r in rs)
     for client, runs in raw.items():
         for direction in ("upload", "download"):
             best = min(runs, key=lambda x: x[direction]["seconds"])
@@ -581,12 +621,16 @@ def main():
     p.add_argument("--world", type=int, default=2, help="trainer ranks (gloo, CPU)")
     p.add_argument("--layout", default="large", choices=["large", "small"],
                    help="bench/peers/states.py layout (large: 8 tensors per rank)")
-    p.add_argument("--reps", type=int, default=2, help="timed saves per path")
+    p.add_argument("--reps", type=int, default=5, help="timed saves per path")
     p.add_argument("--warmup", type=int, default=1, help="untimed saves per path first")
     p.add_argument("--boto3", default="64:8,16:16",
                    help="boto3 TransferConfig grid: CHUNK_MIB:MAX_CONCURRENCY,...")
     p.add_argument("--s5cmd", default="8:8:64,16:4:16",
                    help="s5cmd grid: NUMWORKERS:CONCURRENCY:PART_MIB,...")
+    p.add_argument("--raw-reps", type=int, default=3,
+                   help="runs of each raw client setting (the median counts)")
+    p.add_argument("--restore-reps", type=int, default=3,
+                   help="restores per path, each by a fresh daemon and fresh ranks")
     p.add_argument("--s3tc-threads", type=int, default=1,
                    help="S3StorageWriter thread_count (1: its and DCP's default)")
     p.add_argument("--s3tc-part-size", type=parse_size, default=parse_size("8M"),
@@ -652,7 +696,7 @@ def main():
         result["daemon_flags"] = {"off": base, "on": base + remote}
         opts = {"socket_off": off.socket, "socket_on": on.socket, "bucket": BUCKET,
                 "region": REGION, "remote_timeout_s": 600, "s3tc_threads": a.s3tc_threads,
-                "s3tc_part_size": a.s3tc_part_size}
+                "s3tc_part_size": a.s3tc_part_size, "server_pids": weed.pids()}
         log("save phase: ckptd without and with --remote, then s3torchconnector's writer")
         on_cpu0, off_cpu0, weed_cpu0 = on.cpu_s(), off.cpu_s(), weed.cpu_s()
         perfs = [Perf(on.proc.pid, os.path.join(dir, "perf-daemon-on.data")),
@@ -680,39 +724,56 @@ def main():
         log(f"raw clients on ckptd's {len(files)} data files ({nbytes / GiB:.2f} GiB)")
         raw = {"boto3": [], "s5cmd": []}
         for chunk_mib, conc in grid(a.boto3, 2):
-            raw["boto3"].append(run_boto3(weed.endpoint, files, dir, chunk_mib * MiB, conc, weed))
+            raw["boto3"].append(repeated(lambda: run_boto3(
+                weed.endpoint, files, dir, chunk_mib * MiB, conc, weed), a.raw_reps))
             log(f"  boto3 chunk {chunk_mib} MiB x{conc}: up "
                 f"{raw['boto3'][-1]['upload']['seconds']:.2f} s, down "
                 f"{raw['boto3'][-1]['download']['seconds']:.2f} s")
         for workers, conc, part in grid(a.s5cmd, 3):
-            raw["s5cmd"].append(run_s5cmd(s5cmd, weed.endpoint, newest, files, dir, workers,
-                                          conc, part, weed))
+            raw["s5cmd"].append(repeated(lambda: run_s5cmd(
+                s5cmd, weed.endpoint, newest, files, dir, workers, conc, part, weed), a.raw_reps))
             log(f"  s5cmd workers {workers} conc {conc} part {part} MiB: up "
                 f"{raw['s5cmd'][-1]['upload']['seconds']:.2f} s, down "
                 f"{raw['s5cmd'][-1]['download']['seconds']:.2f} s")
         result["raw"] = raw
         on.stop()
-        log("restore phase: a fresh daemon with an empty --root, then s3torchconnector's reader")
-        fresh = Daemon(binary, os.path.join(dir, "daemon-restore"), base + remote)
-        daemons.append(fresh)
-        # A replacement node's daemon is up before its job restores (systemd
-        # starts it at boot, the Slurm launcher before the trainers), so its
-        # resident fetch windows (--remote_fetch_resident_bytes) are faulted
-        # in by then: the ranks start once they are, rather than racing them
-        # on these two cores (docs/BENCHMARKS.md, "Resident fetch windows").
-        result["restore_daemon_windows_resident_s"] = fresh.wait_for_log(
-            "bytes of fetch windows faulted in", 30)
-        opts.update(socket_restore=fresh.socket, s3tc_path=saves[0]["s3tc_last_path"],
+        log(f"restore phase, {a.restore_reps} times: a fresh daemon with an empty --root, "
+            "then s3torchconnector's reader")
+        opts.update(s3tc_path=saves[0]["s3tc_last_path"],
                     fingerprints=[r["fingerprint"] for r in saves])
-        fresh_cpu0, weed_cpu0 = fresh.cpu_s(), weed.cpu_s()
-        perf = Perf(fresh.proc.pid, os.path.join(dir, "perf-restore.data")) if a.profile else None
-        restores = run_ranks(a, env, "restore", dir, opts)
-        if perf:
-            result["profile_restore_phase"] = {"daemon_restore": perf.stop()}
+        restores, windows_s, restore_cpu, weed_cpu_restore = [], [], [], 0.0
+        for rep in range(a.restore_reps):
+            # Each rep a replacement node: a fresh daemon on an empty root,
+            # fresh rank processes.
+            fresh = Daemon(binary, os.path.join(dir, f"daemon-restore-{rep}"), base + remote)
+            daemons.append(fresh)
+            # A replacement node's daemon is up before its job restores
+            # (systemd starts it at boot, the Slurm launcher before the
+            # trainers), so its resident fetch windows
+            # (--remote_fetch_resident_bytes) are faulted in by then: the
+            # ranks start once they are, rather than racing them on these
+            # two cores (docs/BENCHMARKS.md, "Resident fetch windows").
+            flags = a.daemon_flags.split()
+            no_windows = any(f.startswith("--remote_fetch_resident_bytes") and
+                             (f.endswith("=0") or (f == "--remote_fetch_resident_bytes" and
+                                                   flags[i + 1:i + 2] == ["0"]))
+                             for i, f in enumerate(flags))
+            windows_s.append(None if no_windows else
+                             fresh.wait_for_log("bytes of fetch windows faulted in", 30))
+            opts.update(socket_restore=fresh.socket)
+            fresh_cpu0, weed_cpu0 = fresh.cpu_s(), weed.cpu_s()
+            perf = (Perf(fresh.proc.pid, os.path.join(dir, "perf-restore.data"))
+                    if a.profile and rep == 0 else None)
+            restores.append(run_ranks(a, env, "restore", dir, opts, tag=f"-{rep}"))
+            if perf:
+                result["profile_restore_phase"] = {"daemon_restore": perf.stop()}
+            restore_cpu.append(fresh.cpu_s() - fresh_cpu0)
+            weed_cpu_restore += weed.cpu_s() - weed_cpu0
+            fresh.stop()
+        result["restore_daemon_windows_resident_s"] = windows_s
         result["restores"] = restores
-        result["daemon_restore_cpu_s"] = fresh.cpu_s() - fresh_cpu0
-        result["weed_cpu_s_restore_phase"] = weed.cpu_s() - weed_cpu0
-        fresh.stop()
+        result["daemon_restore_cpu_s"] = med(restore_cpu)
+        result["weed_cpu_s_restore_phase"] = weed_cpu_restore
         s = summarize(a, saves, restores, raw, nbytes, result["daemon_on_cpu_s_save_phase"])
         # The daemon's CPU per upload: the "on" daemon saved reps + 2 times
         # (warm-up, overlapped, timed) and uploaded each; the "off" one saved

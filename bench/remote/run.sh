@@ -4,7 +4,7 @@
 # bench/remote/README.md. After the README's setup (scripts/setup-debian.sh)
 # and a build (scripts/build.sh):
 #
-#   bench/remote/run.sh                  # 1 GiB over 2 ranks (~4-7 min on 2 cores)
+#   bench/remote/run.sh                  # 1 GiB over 2 ranks, 5 reps (~4.5 min on 2 quiet cores)
 #   bench/remote/run.sh --bytes 2G --reps 3 --profile
 #   bench/remote/run.sh --help
 set -euo pipefail

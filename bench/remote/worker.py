@@ -3,7 +3,9 @@ rank and phase, started by driver.py; gloo over a file store on CPU). The
 state is bench/peers/states.py's (layout "large" by default: 8 float32
 DTensors per rank, sharded over the world), the same for every path.
 
-Phase "save" (one process set, so both paths save the same tensors):
+Phase "save" (one process set, so both paths save the same tensors; per
+rep, ckptd's saves and s3torchconnector's one interleaved, the order
+swapped every rep):
   1. ckptd, `--reps` timed saves (after `--warmup` untimed ones) alternating
      between the daemon without a remote tier ("off") and the one with
      `--remote s3://...` ("on"), the order swapped every rep; for each: the
@@ -51,12 +53,27 @@ def cpu_s():
     return r.ru_utime + r.ru_stime
 
 
+def server_cpu_s(o):
+    """CPU seconds of the S3 server's processes so far (the driver names
+    them), so that each save's share of the server's work is on record."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in o.get("server_pids", []):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:13]) / tick
+    return total
+
+
 def s3tc_config(o):
     from s3torchconnector import S3ClientConfig
     return S3ClientConfig(force_path_style=True, part_size=o["s3tc_part_size"])
 
 
-def ckptd_save(ckpt, state, socket, name, remote, probe=None):
+def ckptd_save(ckpt, state, socket, name, remote, probe=None, o=None):
     t0 = time.perf_counter()
     r = ckpt.async_save(state, checkpoint_id=name, job=JOB, socket=socket)
     t1 = time.perf_counter()
@@ -69,60 +86,84 @@ def ckptd_save(ckpt, state, socket, name, remote, probe=None):
     r.upload_completion.result()
     t3 = time.perf_counter()
     rec = {"call_s": t1 - t0, "staged_s": t2 - t0, "committed_s": t3 - t0}
+    if o is not None:
+        rec["server_cpu_at_commit"] = server_cpu_s(o)
     if probe is not None:
         rec["probe"] = probed
     return rec, remote_future, t0
 
 
-def save_phase(a, o, state):
-    import ckptd.torch as ckpt
-    out = {"ckptd": [], "ckptd_warmup": [], "s3tc": [], "s3tc_warmup": []}
+def ckptd_rep(a, o, state, ckpt, rep, out):
+    """One rep of the two ckptd daemons, the order swapped every rep."""
     sockets = {"off": o["socket_off"], "on": o["socket_on"]}
-    for rep in range(a.warmup + a.reps):
-        order = ("off", "on") if rep % 2 == 0 else ("on", "off")
-        rec = {}
-        for variant in order:
-            dist.barrier()
-            c0 = cpu_s()
-            r, fut, t0 = ckptd_save(ckpt, state, sockets[variant], f"ckpt-{rep:03d}",
-                                    variant == "on")
-            if fut is not None and rep == 0:
-                # Overlapped, on the first (untimed) save's upload: the next
-                # save's call and STAGED while that upload runs, as in a
-                # training loop that saves more often than the tier takes a
-                # checkpoint. probe: whether the upload was still running
-                # once the second save was STAGED (else it measured nothing).
-                second, second_fut, _ = ckptd_save(
-                    ckpt, state, sockets["on"], "ckpt-overlap", True,
-                    probe=lambda: not fut.done())
-                second["first_upload_running_at_staged"] = second.pop("probe")
-                second_fut.result(timeout=o["remote_timeout_s"])
-                out["ckptd_overlap"] = second
-            if fut is not None:
-                upload = fut.result(timeout=o["remote_timeout_s"])
-                r["remote_committed_s"] = time.perf_counter() - t0
-                r["remote_bytes"] = upload.get("bytes_total")
-                r["remote_state"] = upload.get("state")
-            r["rank_cpu_s"] = cpu_s() - c0
-            rec[variant] = r
-            dist.barrier()
-        (out["ckptd"] if rep >= a.warmup else out["ckptd_warmup"]).append(rec)
-    dist.barrier()
+    order = ("off", "on") if rep % 2 == 0 else ("on", "off")
+    rec = {}
+    for variant in order:
+        dist.barrier()
+        c0, w0 = cpu_s(), server_cpu_s(o)
+        r, fut, t0 = ckptd_save(ckpt, state, sockets[variant], f"ckpt-{rep:03d}",
+                                variant == "on", o=o)
+        if fut is not None and rep == 0:
+            # Overlapped, on the first (untimed) save's upload: the next
+            # save's call and STAGED while that upload runs, as in a
+            # training loop that saves more often than the tier takes a
+            # checkpoint. probe: whether the upload was still running
+            # once the second save was STAGED (else it measured nothing).
+            second, second_fut, _ = ckptd_save(
+                ckpt, state, sockets["on"], "ckpt-overlap", True,
+                probe=lambda: not fut.done())
+            second["first_upload_running_at_staged"] = second.pop("probe")
+            second_fut.result(timeout=o["remote_timeout_s"])
+            out["ckptd_overlap"] = second
+        if fut is not None:
+            upload = fut.result(timeout=o["remote_timeout_s"])
+            r["remote_committed_s"] = time.perf_counter() - t0
+            r["remote_bytes"] = upload.get("bytes_total")
+            r["remote_state"] = upload.get("state")
+        r["rank_cpu_s"] = cpu_s() - c0
+        dist.barrier()
+        w1 = server_cpu_s(o)
+        r["server_cpu_s"] = w1 - w0
+        # The server's share of the upload alone: local commit -> remote commit.
+        r["server_cpu_s_after_local_commit"] = w1 - r.pop("server_cpu_at_commit")
+        rec[variant] = r
+        dist.barrier()
+    (out["ckptd"] if rep >= a.warmup else out["ckptd_warmup"]).append(rec)
 
+
+def s3tc_rep(a, o, state, rep, out):
+    """One torch.distributed.checkpoint.save through S3StorageWriter."""
     from s3torchconnector.dcp import S3StorageWriter
     import torch.distributed.checkpoint as dcp
+    path = f"s3://{o['bucket']}/s3tc/ckpt-{rep:03d}"
+    dist.barrier()
+    c0, w0 = cpu_s(), server_cpu_s(o)
+    t0 = time.perf_counter()
+    dcp.save(state, storage_writer=S3StorageWriter(
+        o["region"], path, s3client_config=s3tc_config(o),
+        thread_count=o["s3tc_threads"]))
+    t1 = time.perf_counter()
+    rec = {"durable_s": t1 - t0, "rank_cpu_s": cpu_s() - c0, "path": path}
+    dist.barrier()
+    rec["server_cpu_s"] = server_cpu_s(o) - w0
+    (out["s3tc"] if rep >= a.warmup else out["s3tc_warmup"]).append(rec)
+
+
+def save_phase(a, o, state):
+    """ckptd's and s3torchconnector's reps interleaved, the order swapped
+    every rep, so that a drift of the shared server's speed over the phase
+    (it moved by a fifth within one run when every ckptd rep came first)
+    falls on both paths alike."""
+    import ckptd.torch as ckpt
+    out = {"ckptd": [], "ckptd_warmup": [], "s3tc": [], "s3tc_warmup": []}
     for rep in range(a.warmup + a.reps):
-        path = f"s3://{o['bucket']}/s3tc/ckpt-{rep:03d}"
-        dist.barrier()
-        c0 = cpu_s()
-        t0 = time.perf_counter()
-        dcp.save(state, storage_writer=S3StorageWriter(
-            o["region"], path, s3client_config=s3tc_config(o),
-            thread_count=o["s3tc_threads"]))
-        t1 = time.perf_counter()
-        rec = {"durable_s": t1 - t0, "rank_cpu_s": cpu_s() - c0, "path": path}
-        dist.barrier()
-        (out["s3tc"] if rep >= a.warmup else out["s3tc_warmup"]).append(rec)
+        if rep % 2 == 0:
+            ckptd_rep(a, o, state, ckpt, rep, out)
+            s3tc_rep(a, o, state, rep, out)
+        else:
+            s3tc_rep(a, o, state, rep, out)
+            ckptd_rep(a, o, state, ckpt, rep, out)
+    dist.barrier()
     out["s3tc_last_path"] = f"s3://{o['bucket']}/s3tc/ckpt-{a.warmup + a.reps - 1:03d}"
     return out
 
