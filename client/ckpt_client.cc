@@ -2,128 +2,23 @@
 
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/daemon_handshake.h"
+#include "client/unary_call.h"
 #include "common/handshake_frame.h"
-#include "common/save_phase.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ckpt {
 namespace {
-
-constexpr auto kHandshakeRetryFor = std::chrono::seconds(2);
-
-// One unary RPC: the plain blocking call without a canceller (the fastest,
-// and what a C++ trainer's save call uses), else through the callback API
-// under the canceller (CallCanceller::Run).
-template <typename Request, typename Response>
-absl::Status Unary(
-    v1::Ckptd::Stub* stub, CallCanceller* canceller, absl::string_view what,
-    grpc::Status (v1::Ckptd::StubInterface::*sync)(grpc::ClientContext*, const Request&,
-                                                   Response*),
-    void (v1::Ckptd::StubInterface::async_interface::*async)(
-        grpc::ClientContext*, const Request*, Response*, std::function<void(grpc::Status)>),
-    const Request& request, Response* response) {
-  grpc::ClientContext context;
-  if (canceller == nullptr) return FromGrpc((stub->*sync)(&context, request, response), what);
-  return FromGrpc(canceller->Run(&context,
-                                 [&](CallCanceller::Completion done) {
-                                   (stub->async()->*async)(&context, &request, response,
-                                                           std::move(done));
-                                 }),
-                  what);
-}
-
-// Whether `canceller` (may be null) is cancelled, polling it first.
-bool Interrupted(CallCanceller* canceller) {
-  return canceller != nullptr && canceller->Poll();
-}
-
-// Waits until `fd` is readable, polling `canceller` between slices.
-absl::Status AwaitReadable(int fd, CallCanceller* canceller, absl::string_view what) {
-  const int slice_ms =
-      canceller == nullptr || canceller->poll_every() == absl::InfiniteDuration()
-          ? -1
-          : static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(
-                                                      canceller->poll_every())));
-  for (;;) {
-    if (Interrupted(canceller)) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
-    pollfd p = {fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, slice_ms);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("poll(", what, ")"));
-    if (n > 0) return absl::OkStatus();
-  }
-}
-
-absl::StatusOr<UniqueFd> DialHandshake(const std::string& path, CallCanceller* canceller) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  // A daemon that is starting publishes the handshake socket a moment after
-  // its gRPC service answers: a missing or refusing socket is tried again
-  // for a short while before it is an error.
-  const auto deadline = std::chrono::steady_clock::now() + kHandshakeRetryFor;
-  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    const bool absent = err == ENOENT || err == ECONNREFUSED;
-    if (absent && std::chrono::steady_clock::now() >= deadline) {
-      // No daemon there: UNAVAILABLE, as gRPC says of a server that is
-      // down, so callers tell it from a refused or malformed request.
-      return absl::UnavailableError(absl::StrCat("connect ", path, ": ",
-                                                 std::strerror(err),
-                                                 "; is ckptd running?"));
-    }
-    if (!absent && err != EINTR) {
-      return Annotate(ErrnoToStatus(err, absl::StrCat("connect ", path)),
-                      "is ckptd running?");
-    }
-    if (Interrupted(canceller)) {
-      return absl::CancelledError(absl::StrCat("connect ", path, ": cancelled"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return fd;
-}
-
-// Reads the daemon's one frame. A daemon that refuses the session (most
-// often: --max_sessions are open) closes the socket without writing one.
-// A daemon that is stopped accepts the connection (the kernel does) but
-// never writes: the read waits in slices so that a canceller can end it.
-absl::StatusOr<HandshakeFrame> ReadHandshakeFrame(int fd, CallCanceller* canceller) {
-  char bytes[kHandshakeFrameBytes];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    RETURN_IF_ERROR(AwaitReadable(fd, canceller, "handshake"));
-    const ssize_t n = ::recv(fd, bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "handshake recv");
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  if (got == 0) {
-    return absl::UnavailableError(
-        "ckptd closed the handshake (too many sessions? see its log)");
-  }
-  // A frame cut short by the daemon closing is refused here, naming its size.
-  return DecodeHandshakeFrame(absl::string_view(bytes, got));
-}
 
 // The staged record to wait for on each of `devices` (the save's GPU
 // devices), when the stream wait alone orders the trainer's later writes
@@ -498,167 +393,6 @@ absl::StatusOr<v1::RemoteUpload> Client::WaitRemoteCommitted(const std::string& 
     }
     absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
   }
-}
-
-SaveHandle::SaveHandle(v1::Ckptd::Stub* stub, std::string token, uint64_t id,
-                       TrainerGpu* gpu, std::vector<std::string> gpu_devices,
-                       std::vector<uint64_t> stream_wait_records)
-    : stub_(stub),
-      token_(std::move(token)),
-      id_(id),
-      gpu_(gpu),
-      gpu_devices_(std::move(gpu_devices)),
-      stream_wait_records_(std::move(stream_wait_records)) {
-  progress_.set_save_id(id);
-  progress_.set_phase(v1::PHASE_ACCEPTED);
-}
-
-SaveHandle::~SaveHandle() {
-  context_.TryCancel();
-  if (follower_.joinable()) follower_.join();
-}
-
-void SaveHandle::StartFollowing() {
-  absl::call_once(follow_once_, [this] { follower_ = std::thread([this] { Follow(); }); });
-}
-
-void SaveHandle::Follow() {
-  v1::WatchSaveRequest request;
-  request.set_session_token(token_);
-  request.set_save_id(id_);
-  request.set_follow_remote(true);  // an older daemon ignores it
-  auto reader = stub_->WatchSave(&context_, request);
-  v1::SaveProgress progress;
-  // Waiters Await conditions on these fields: absl::Mutex re-evaluates them
-  // when the lock is released, so no explicit signal is needed.
-  while (reader->Read(&progress)) {
-    absl::MutexLock lock(&mu_);
-    progress_ = progress;
-  }
-  grpc::Status status = reader->Finish();
-  absl::MutexLock lock(&mu_);
-  ended_ = true;
-  if (!IsFinalPhase(progress_.phase())) {
-    stream_error_ = status.ok()
-                        ? absl::UnavailableError("progress stream ended early")
-                        : FromGrpc(status, "WatchSave");
-  } else if (RemotePhasePending(progress_)) {
-    remote_stream_error_ =
-        status.ok() ? absl::UnavailableError(
-                          "progress stream ended before the remote phase did")
-                    : FromGrpc(status, "WatchSave");
-  }
-}
-
-bool SaveHandle::Reached(v1::Phase phase, bool enqueued) const {
-  return progress_.phase() >= phase || (enqueued && progress_.copies_enqueued());
-}
-
-absl::Status SaveHandle::WaitFor(v1::Phase phase, bool enqueued,
-                                 absl::Duration timeout) {
-  StartFollowing();
-  const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ended_ || IsFinalPhase(progress_.phase()) || Reached(phase, enqueued);
-  };
-  absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "save ", id_, " has not reached ", v1::Phase_Name(phase), " yet"));
-  }
-  if (progress_.phase() == v1::PHASE_FAILED ||
-      progress_.phase() == v1::PHASE_CANCELLED) {
-    const auto code = progress_.phase() == v1::PHASE_CANCELLED
-                          ? absl::StatusCode::kCancelled
-                          : absl::StatusCode::kAborted;
-    return absl::Status(code, absl::StrCat("save ", id_, " of ",
-                                           progress_.checkpoint(), " ",
-                                           v1::Phase_Name(progress_.phase()),
-                                           ": ", progress_.reason()));
-  }
-  if (Reached(phase, enqueued)) return absl::OkStatus();
-  return stream_error_;
-}
-
-absl::Status SaveHandle::WaitStaged() { return WaitFor(v1::PHASE_STAGED); }
-absl::Status SaveHandle::WaitStaged(absl::Duration timeout) {
-  return WaitFor(v1::PHASE_STAGED, /*enqueued=*/false, timeout);
-}
-absl::Status SaveHandle::WaitCommitted(absl::Duration timeout) {
-  return WaitFor(v1::PHASE_COMMITTED, /*enqueued=*/false, timeout);
-}
-
-absl::Status SaveHandle::WaitStagedOnStream(GpuStreamHandle stream) {
-  if (!stream_wait_records_.empty()) {
-    // Reserved when the save was accepted: no CPU wait for the daemon.
-    for (size_t i = 0; i < gpu_devices_.size(); ++i) {
-      RETURN_IF_ERROR(gpu_->WaitStagedRecord(gpu_devices_[i], stream, stream_wait_records_[i]));
-    }
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(WaitFor(v1::PHASE_STAGED, /*enqueued=*/true));
-  // Recorded after the last copy: the stream's later work waits for them.
-  for (const std::string& uuid : gpu_devices_) {
-    RETURN_IF_ERROR(gpu_->WaitStaged(uuid, stream));
-  }
-  return absl::OkStatus();
-}
-absl::Status SaveHandle::WaitCommitted() { return WaitFor(v1::PHASE_COMMITTED); }
-
-absl::StatusOr<v1::RemoteUpload> SaveHandle::WaitRemoteCommitted(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  RETURN_IF_ERROR(WaitFor(v1::PHASE_COMMITTED, /*enqueued=*/false, timeout));
-  // COMMITTED came with its remote phase, if it has one.
-  const auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ended_ || !RemotePhasePending(progress_);
-  };
-  absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("save ", id_, " of ", progress_.checkpoint(),
-                     " is not committed in the remote tier yet"));
-  }
-  switch (progress_.remote_phase()) {
-    case v1::PHASE_REMOTE_COMMITTED:
-      return progress_.remote_upload();
-    case v1::PHASE_REMOTE_FAILED:
-      return absl::AbortedError(absl::StrCat("the upload of ", progress_.job(), "/",
-                                             progress_.checkpoint(),
-                                             " to the remote tier failed: ",
-                                             progress_.remote_reason()));
-    case v1::PHASE_REMOTE_UPLOADING:
-      return remote_stream_error_;
-    default:
-      return absl::NotFoundError(absl::StrCat("save ", id_, " of ", progress_.checkpoint(),
-                                              " committed with no remote phase"));
-  }
-}
-
-TrainerGpu::StagedWait SaveHandle::RelayAfter(const std::string& uuid) {
-  using Kind = TrainerGpu::StagedWait::Kind;
-  for (size_t i = 0; i < gpu_devices_.size(); ++i) {
-    if (gpu_devices_[i] != uuid) continue;
-    if (!stream_wait_records_.empty()) return {Kind::kRecord, stream_wait_records_[i]};
-    // Either way the most recent record then covers this save's copies
-    // (a failed save's are over). Its error shows in WaitCommitted.
-    (void)WaitFor(v1::PHASE_STAGED, /*enqueued=*/true);
-    return {Kind::kLatest, 0};
-  }
-  return {Kind::kNone, 0};
-}
-
-v1::SaveProgress SaveHandle::progress() {
-  StartFollowing();
-  absl::MutexLock lock(&mu_);
-  return progress_;
-}
-
-absl::Status SaveHandle::Cancel(CallCanceller* canceller) {
-  v1::CancelRequest request;
-  request.set_session_token(token_);
-  request.set_save_id(id_);
-  v1::CancelResponse response;
-  return Unary(stub_, canceller, "Cancel", &v1::Ckptd::StubInterface::Cancel,
-               &v1::Ckptd::StubInterface::async_interface::Cancel, request, &response);
 }
 
 }  // namespace ckpt
