@@ -697,7 +697,8 @@ def main():
         opts = {"socket_off": off.socket, "socket_on": on.socket, "bucket": BUCKET,
                 "region": REGION, "remote_timeout_s": 600, "s3tc_threads": a.s3tc_threads,
                 "s3tc_part_size": a.s3tc_part_size, "server_pids": weed.pids()}
-        log("save phase: ckptd without and with --remote, then s3torchconnector's writer")
+        log("save phase: ckptd without and with --remote, and s3torchconnector's writer, "
+            "interleaved")
         on_cpu0, off_cpu0, weed_cpu0 = on.cpu_s(), off.cpu_s(), weed.cpu_s()
         perfs = [Perf(on.proc.pid, os.path.join(dir, "perf-daemon-on.data")),
                  Perf(weed.proc.pid, os.path.join(dir, "perf-weed.data"))] if a.profile else []
