@@ -428,6 +428,16 @@ def repeated(run, reps):
     return out
 
 
+def flag_value(flags, name):
+    """The value `flags` give `name` (as "--name V" or "--name=V"), else None."""
+    for i, f in enumerate(flags):
+        if f == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+    return None
+
+
 def grid(spec, n):
     rows = []
     for item in spec.split(","):
@@ -743,6 +753,9 @@ def main():
         opts.update(s3tc_path=saves[0]["s3tc_last_path"],
                     fingerprints=[r["fingerprint"] for r in saves])
         restores, windows_s, restore_cpu, weed_cpu_restore = [], [], [], 0.0
+        # --remote_fetch_resident_bytes 0 (in --daemon-flags): no windows to wait for.
+        resident_windows = flag_value(a.daemon_flags.split(),
+                                      "--remote_fetch_resident_bytes") != "0"
         for rep in range(a.restore_reps):
             # Each rep a replacement node: a fresh daemon on an empty root,
             # fresh rank processes.
@@ -754,13 +767,8 @@ def main():
             # (--remote_fetch_resident_bytes) are faulted in by then: the
             # ranks start once they are, rather than racing them on these
             # two cores (docs/BENCHMARKS.md, "Resident fetch windows").
-            flags = a.daemon_flags.split()
-            no_windows = any(f.startswith("--remote_fetch_resident_bytes") and
-                             (f.endswith("=0") or (f == "--remote_fetch_resident_bytes" and
-                                                   flags[i + 1:i + 2] == ["0"]))
-                             for i, f in enumerate(flags))
-            windows_s.append(None if no_windows else
-                             fresh.wait_for_log("bytes of fetch windows faulted in", 30))
+            windows_s.append(fresh.wait_for_log("bytes of fetch windows faulted in", 30)
+                             if resident_windows else None)
             opts.update(socket_restore=fresh.socket)
             fresh_cpu0, weed_cpu0 = fresh.cpu_s(), weed.cpu_s()
             perf = (Perf(fresh.proc.pid, os.path.join(dir, "perf-restore.data"))
