@@ -4,8 +4,10 @@
 # project's Debian build dependencies (no gRPC, protobuf, abseil, liburing,
 # xxHash there, and no network): the stripped binaries of a CUDA build, and
 # every shared library they load that is not part of the C/C++ runtime.
-# Run it here after scripts/build.sh; then carry gpu-bundle/ (about 50 MiB)
-# to the GPU machine and run scripts/gpu-test.sh there.
+# Run it here after scripts/build.sh; then carry gpu-bundle.tar.gz (about
+# 24 MiB; the directory is about 68 MiB, over the 64 MiB a device call
+# carries with the checkout) to the GPU machine and run scripts/gpu-test.sh
+# there, which unpacks it.
 #
 # The Python package is compiled there (scripts/gpu-python-build.sh), against
 # that machine's Python and torch, which need not be ours: gpu-bundle/python/
@@ -99,4 +101,6 @@ cp /usr/include/xxhash.h "$py/include/"
 xxhash=$("$ldconfig" -p | awk '$1 == "libxxhash.so.0" && !found {print $NF; found = 1}')
 [ -n "$xxhash" ] || { echo "gpu-bundle.sh: cannot find libxxhash.so.0" >&2; exit 1; }
 bundle_shared "$xxhash" >/dev/null
-du -sh "$dest"
+# gzip, not xz: the GPU machine's image is not ours, and every tar reads it.
+tar czf "$dest.tar.gz" -C "$(dirname "$dest")" "$(basename "$dest")"
+du -sh "$dest" "$dest.tar.gz"

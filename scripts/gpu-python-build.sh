@@ -5,6 +5,14 @@
 # machine's: the extensions are compiled here, with this machine's C++
 # compiler; libckpt itself comes prebuilt in the bundle).
 #
+# The package is the one pip builds (pyproject.toml), as far as the GPU
+# sees it: where torch has CUDA 13 wheels, the CUDA side (cuda/, host code)
+# is compiled here against their headers and linked to their libcudart.so,
+# the runtime torch itself loads (cmake/find_torch_wheel_cuda.py finds it
+# for both builds), so the trainer holds one CUDA runtime. Elsewhere
+# (torch's CUDA from a toolkit, say) _ckpt links the bundle's libckpt_cuda
+# and the toolkit's static runtime, as the project's own build does.
+#
 #   scripts/gpu-python-build.sh [OUTPUT_DIR]    # default: gpu-python/
 #
 # Then PYTHONPATH=OUTPUT_DIR imports ckptd (ckptd._ckpt, with CUDA;
@@ -32,26 +40,66 @@ read_python 'import numpy' || { echo "gpu-python-build.sh: $python has no numpy,
 torch_abi=$(read_python 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
 pybind11_include=$(read_python 'import pybind11; print(pybind11.get_include())' 2>/dev/null ||
                    echo "$torch_dir/include")
-# The CUDA runtime's headers (for the allocator hook): the toolkit's, or
-# those of the NVIDIA wheels torch was installed with.
-cuda_include=
-for dir in "${CUDA_HOME:-/usr/local/cuda}/include" $(read_python '
-import glob, os
-try:
-    import nvidia
-    roots = list(nvidia.__path__)
-except ImportError:
-    roots = []
-for root in roots:
-    for header in glob.glob(os.path.join(root, "*", "include", "cuda_runtime_api.h")) + \
-            glob.glob(os.path.join(root, "*", "*", "include", "cuda_runtime_api.h")):
-        print(os.path.dirname(header))'); do
-  if [ -f "$dir/cuda_runtime_api.h" ]; then cuda_include=$dir; break; fi
-done
-common=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -pthread -shared)
+# The CUDA runtime of torch's wheels (libcudart.so and its headers), or else
+# the toolkit's headers (for the allocator hook) with the bundle's static
+# runtime. Where the wheels lack the crt/ headers (pip installs them from
+# PyPI, which a GPU machine cannot reach), this machine's toolkit lends its
+# own, if they are of the same CUDA release.
+wheel_cudart=
+cuda_includes=()
+toolkit_include=${CUDA_HOME:-/usr/local/cuda}/include
+release() { awk '/^#define CUDART_VERSION /{print $3}' "$1/cuda_runtime_api.h" 2>/dev/null; }
+why=$(mktemp)
+found=$("$python" "$repo/cmake/find_torch_wheel_cuda.py" 2>"$why") && finder=0 || finder=$?
+IFS=';' read -ra parts <<< "$found"
+if [ $finder = 2 ] && [ -f "$toolkit_include/crt/host_defines.h" ] &&
+   [ "$(release "$toolkit_include")" = "$(release "${parts[1]}")" ]; then
+  echo "gpu-python-build.sh: $(cat "$why"); taking them from the toolkit, $toolkit_include (CUDA $(release "$toolkit_include"), as the wheels')"
+  # crt/ alone: no other toolkit header may stand in for the wheels'.
+  mkdir -p "$out/toolkit-crt"
+  ln -sfn "$toolkit_include/crt" "$out/toolkit-crt/crt"
+  parts+=("$out/toolkit-crt")
+  finder=0
+fi
+if [ $finder = 0 ]; then
+  wheel_cudart=${parts[0]}
+  cuda_includes=("${parts[@]:1}")
+  echo "gpu-python-build.sh: CUDA from torch's wheels: $wheel_cudart, headers ${cuda_includes[*]}"
+else
+  echo "gpu-python-build.sh: not torch's wheels' CUDA ($(cat "$why")): the bundle's static runtime"
+  [ -f "$toolkit_include/cuda_runtime_api.h" ] && cuda_includes=("$toolkit_include")
+fi
+rm -f "$why"
+cuda_isystem=()
+for dir in "${cuda_includes[@]}"; do cuda_isystem+=(-isystem "$dir"); done
+compile=(-O2 -DNDEBUG -fPIC -fvisibility=hidden -std=c++20 -pthread)
+common=("${compile[@]}" -shared)
 mapfile -t ckpt_libs < <(sed "s|@BUNDLE@|$bundle|" "$py/link.txt")
 mkdir -p "$out/ckptd"
 cp client/python/ckptd/*.py "$out/ckptd/"
+cuda_objects=()
+if [ -n "$wheel_cudart" ]; then
+  # cuda/ from source in place of the bundle's archive and static runtime,
+  # one compile a file, in parallel.
+  mapfile -t ckpt_libs < <(printf '%s\n' "${ckpt_libs[@]}" |
+                           grep -vE '/lib(ckpt_cuda|cudart_static)\.a$')
+  mkdir -p "$out/cuda"
+  pids=()
+  for source in cuda/*.cc; do
+    object=$out/cuda/$(basename "$source" .cc).o
+    "$cxx" "${compile[@]}" -c -MD -MF "${object%.o}.d" \
+      -DCKPT_HAVE_CUDA=1 -I"$repo" -I"$py/include" "${cuda_isystem[@]}" \
+      -o "$object" "$source" > "${object%.o}.log" 2>&1 &
+    pids+=($!)
+    cuda_objects+=("$object")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { echo "gpu-python-build.sh: ${cuda_objects[$i]%.o}.cc failed:" >&2
+                            tail -30 "${cuda_objects[$i]%.o}.log" >&2; exit 1; }
+  done
+  # The wheels' runtime by its directory, as pip's build finds it.
+  ckpt_libs+=("$wheel_cudart" -Wl,-rpath,"$(dirname "$wheel_cudart")")
+fi
 
 # The three compile in parallel; each logs to OUTPUT_DIR/NAME.log, and
 # lists the headers it read in OUTPUT_DIR/NAME.d (tests/gpu_bundle_test.sh
@@ -60,7 +108,7 @@ cp client/python/ckptd/*.py "$out/ckptd/"
 # dependencies would not see).
 "$cxx" "${common[@]}" -MD -MF "$out/_ckpt.d" -DCKPT_HAVE_CUDA=1 -I"$repo" -I"$py/include" \
   -isystem "$python_include" -isystem "$pybind11_include" \
-  -o "$out/ckptd/_ckpt$suffix" client/python/ckpt_module.cc "${ckpt_libs[@]}" \
+  -o "$out/ckptd/_ckpt$suffix" client/python/ckpt_module.cc "${cuda_objects[@]}" "${ckpt_libs[@]}" \
   -Wl,--disable-new-dtags,-rpath,"$bundle/lib" -Wl,-rpath-link,"$bundle/lib" \
   > "$out/_ckpt.log" 2>&1 &
 ckpt_pid=$!
@@ -73,8 +121,8 @@ torch_flags=(-D_GLIBCXX_USE_CXX11_ABI="$torch_abi" -isystem "$torch_dir/include"
   -Wl,-rpath,"$bundle/lib" > "$out/_state_cache.log" 2>&1 &
 cache_pid=$!
 hook_pid=
-if [ -f "$torch_dir/lib/libc10_cuda.so" ] && [ -n "$cuda_include" ]; then
-  "$cxx" "${common[@]}" "${torch_flags[@]}" -isystem "$cuda_include" \
+if [ -f "$torch_dir/lib/libc10_cuda.so" ] && [ ${#cuda_includes[@]} -gt 0 ]; then
+  "$cxx" "${common[@]}" "${torch_flags[@]}" "${cuda_isystem[@]}" \
     -o "$out/ckptd/_allocator_hook$suffix" client/python/allocator_hook_module.cc \
     -lc10_cuda -lc10 > "$out/_allocator_hook.log" 2>&1 &
   hook_pid=$!

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the GPU benchmark on a GPU machine, from the bundle
-# scripts/gpu-bundle.sh made (carried to the machine as gpu-bundle/): the
+# scripts/gpu-bundle.sh made (carried to the machine as gpu-bundle.tar.gz,
+# unpacked here into gpu-bundle/, or as gpu-bundle/ itself): the
 # GPU benchmark (bench/run_gpu_benchmarks.sh), the [cuda] unit tests and
 # the GPU-path integration tests on the real device (and on the simulated
 # one), then the Python package, built here against this machine's Python
-# and torch (scripts/gpu-python-build.sh), and its GPU tests: CUDA tensors
+# and torch (scripts/gpu-python-build.sh; on torch's CUDA runtime, as pip
+# builds it, where torch has CUDA 13 wheels), and its GPU tests: CUDA tensors
 # of two processes through ckptd.torch (tests/python/test_torch_cuda.py),
 # and the simulated device's. Results go to
 # $OUT (default: gpu-results/).
@@ -19,6 +21,10 @@ out="${OUT:-gpu-results}"
 mkdir -p "$out"
 out=$(realpath "$out")  # the Python tests write to it from tests/python
 bundle="$PWD/gpu-bundle"
+if [ ! -d "$bundle" ]; then
+  [ -f gpu-bundle.tar.gz ] || { echo "gpu-test.sh: no gpu-bundle/ or gpu-bundle.tar.gz (scripts/gpu-bundle.sh makes them)" >&2; exit 1; }
+  tar xzf gpu-bundle.tar.gz
+fi
 export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CKPT_TEST_BIN_DIR="$bundle/bin"
 # Test daemons write with O_DIRECT, which a tmpfs refuses: where /tmp is
@@ -55,7 +61,8 @@ fi
 if [ $run_python = 1 ]; then
   timeout 300 scripts/gpu-python-build.sh "$PWD/gpu-python" > "$out/python-build.txt" 2>&1
   echo "python build exit $?" | tee -a "$out/summary.txt"
-  grep "is not built" "$out/python-build.txt" | tee -a "$out/summary.txt"
+  grep -E "is not built|CUDA from torch's wheels|not torch's wheels' CUDA" "$out/python-build.txt" |
+    tee -a "$out/summary.txt"
   (
     # The bundle's libraries for its binaries only: this machine's Python
     # and torch load their own (_ckpt finds the bundle's by its RPATH).

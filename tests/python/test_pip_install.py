@@ -53,7 +53,10 @@ The steps, each what a user does after scripts/setup-debian.sh:
    of each job LATEST; `ckptctl status` names the daemon's pid and root;
    the daemon's process and every file it wrote belong to the uid.
 7. The package's CUDA side (issue 32), built with no CUDA toolkit against
-   torch's CUDA wheels: ckptd._ckpt has CUDA and ckptd._allocator_hook is
+   torch's CUDA wheels: the build (in a directory of the test's,
+   SKBUILD_BUILD_DIR) read no header from /usr/local, where this machine's
+   toolkit is, and its crt/ headers from the wheel the README's
+   requirements add; ckptd._ckpt has CUDA and ckptd._allocator_hook is
    there; _ckpt alone loads the wheels' libcudart.so, and with torch
    imported too the process maps exactly one libcudart, the wheels'. Then
    the simulated-device suite (test_gpu) runs through the installed
@@ -250,6 +253,13 @@ def link_torch(venv_site, farm):
         raise Skip(f"the project venv has no {e} (scripts/test.sh installs it)")
     present = {canonicalize_name(d.metadata["Name"])
                for d in metadata.distributions(path=[str(venv_site)])}
+    # Who has files under each top-level name here: a namespace package
+    # (nvidia/) holds files of distributions outside the closure too
+    # (nvidia-cuda-crt, say), which the new venv must not see.
+    owners = {}
+    for dist in metadata.distributions():
+        for f in dist.files or []:
+            owners.setdefault(f.parts[0], set()).add(canonicalize_name(dist.metadata["Name"]))
     farm.mkdir()
     for name, dist in sorted(closure.items()):
         if name in present:
@@ -259,8 +269,17 @@ def link_torch(venv_site, farm):
             raise AssertionError(f"{name} has no RECORD: cannot tell its files")
         tops = {f.parts[0] for f in dist.files if f.parts[0] not in ("..", "__pycache__")}
         for top in tops:
-            if not (farm / top).exists():
-                (farm / top).symlink_to(site / top)
+            if owners.get(top, set()) <= set(closure):
+                if not (farm / top).exists():
+                    (farm / top).symlink_to(site / top)
+                continue
+            # Shared with a distribution outside the closure: this
+            # distribution's files one by one.
+            for f in dist.files:
+                if f.parts[0] == top:
+                    (farm / f).parent.mkdir(parents=True, exist_ok=True)
+                    if not (farm / f).exists():
+                        (farm / f).symlink_to(site / f)
     (venv_site / "ckptd_test_torch.pth").write_text(f"{farm}\n")
     return sorted(set(closure) - present)
 
@@ -362,6 +381,24 @@ def check_command(binary, env, version, log):
         assert said == f"ckptd {version}", f"ckptd --version: {said!r}, the package is {version}"
 
 
+def check_headers(venv, build_dir, log, env):
+    """No header of the build came from /usr/local: there lie a CUDA
+    toolkit's headers (this machine's /usr/local/include links them all),
+    which a user of the package need not have, and which would silently
+    stand in for any the wheels lack. Where the package has CUDA, its
+    crt/ headers are the venv's (nvidia-cuda-crt, which the README's
+    requirements add)."""
+    deps = run("the headers the build read (ninja -t deps)",
+               [venv / "bin" / "ninja", "-C", build_dir, "-t", "deps"], log, env=env)
+    headers = {line.strip() for line in deps.splitlines() if line.startswith("    /")}
+    local = sorted(h for h in headers if h.startswith("/usr/local/"))
+    assert not local, f"the pip build read headers from /usr/local: {local[:10]}"
+    if "cuda_runtime_api.h" in deps:
+        crt = [h for h in headers if h.endswith("/crt/host_defines.h")]
+        assert crt and all("/nvidia/" in h for h in crt), \
+            f"the CUDA side's crt/ headers are not the wheels': {crt}"
+
+
 def main():
     if os.geteuid() == 0:
         # The ordinary user's trainer imports the torch linked from the
@@ -423,6 +460,10 @@ def main():
         shell_env.update(HOME=str(home), PATH=f"{shell_bin}{os.pathsep}{os.environ.get('PATH', '')}",
                          PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR",
                                                       os.path.expanduser("~/.cache/pip")))
+        # The build in a directory of ours (not the temporary one pip would
+        # make), to read afterwards which headers it compiled against.
+        build_dir = work / "pip-build"
+        shell_env["SKBUILD_BUILD_DIR"] = str(build_dir)
         (work / "readme-pip.sh").write_text(block)
         output, took = timed_run(
             "the README's pip block: venv, torch and the build tools, "
@@ -436,6 +477,7 @@ def main():
               f"on 2 cores; load average now {os.getloadavg()[0]:.1f} on "
               f"{os.cpu_count()} cores", flush=True)
         run("pip check", [*pip, "check"], log, env=env, cwd=work)
+        check_headers(venv, build_dir, log, env)
         after = tree(src)
         assert after == before, ("pip install wrote into the source tree: "
                                  f"{sorted(set(after) - set(before))[:20]}")
