@@ -607,6 +607,17 @@ LayoutClients ConnectLayoutClients(const DaemonProcess& daemon, uint32_t ranks,
   return out;
 }
 
+// How much larger than before the daemon may stay once a burst of refused
+// or failed DefineLayouts is over (read until it is below, for 3 s). Before
+// the trimming allocator, 232 MB stayed. After it, measured on the 2-core
+// VM over 30 runs of both cases (2026-11-29): about 1 MB in most runs, up
+// to 14 MB in a few, and 18.6 and 30.1 MB in two runs of the refused case,
+// which the earlier bound of 16 MB failed (once in CI too: 24 MB). Right
+// after the burst the daemon is 20-100 MB larger still: its handlers free
+// and trim after the replies. The bound catches the leak with a margin
+// over what glibc keeps (the 20 refusals above are held to the same 48 MB).
+constexpr uint64_t kRssLeftAfterBurst = 48ull << 20;
+
 // Every client defines the layout at once; returns what each got.
 std::vector<absl::Status> DefineAtOnce(LayoutClients& c) {
   std::vector<absl::Status> results(c.clients.size());
@@ -658,11 +669,11 @@ TEST_CASE(
   CHECK(Eventually(
       [&] {
         rss_after = RssBytes(daemon.pid());
-        return rss_after < rss_before + (16ull << 20);
+        return rss_after < rss_before + kRssLeftAfterBurst;
       },
       seconds(3)));
   INFO("RSS after " << rss_after);
-  CHECK(rss_after < rss_before + (16ull << 20));
+  CHECK(rss_after < rss_before + kRssLeftAfterBurst);
 }
 
 TEST_CASE(
@@ -697,11 +708,11 @@ TEST_CASE(
   CHECK(Eventually(
       [&] {
         rss_after = RssBytes(daemon.pid());
-        return rss_after < rss_before + (16ull << 20);
+        return rss_after < rss_before + kRssLeftAfterBurst;
       },
       seconds(3)));
   INFO("RSS after " << rss_after);
-  CHECK(rss_after < rss_before + (16ull << 20));
+  CHECK(rss_after < rss_before + kRssLeftAfterBurst);
 }
 
 }  // namespace ckpt::testing
