@@ -24,6 +24,9 @@ packages=(
   fio python3 python3-venv python3-dev pybind11-dev
   # A trainer's prctl(PR_SET_PTRACER) watched (tests/integration/ordinary_user_test.cc).
   strace
+  # The wheel for machines without these libraries: their copies' run paths
+  # (scripts/portable-wheel.py).
+  patchelf
   # systemd-analyze and systemd-sysusers check the unit (tests/deploy/check_unit.sh).
   systemd
   # The unit booted under a real systemd in a debootstrapped Debian tree

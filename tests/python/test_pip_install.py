@@ -61,6 +61,8 @@ The steps, each what a user does after scripts/setup-debian.sh:
    imported too the process maps exactly one libcudart, the wheels'. Then
    the simulated-device suite (test_gpu) runs through the installed
    package and the venv's `ckptd`.
+8. The wheel to carry (README, scripts/portable-wheel.py): see
+   check_portable_wheel.
 """
 
 import json
@@ -73,6 +75,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zipfile
 from importlib import metadata
 
 from readme_blocks import readme_block
@@ -332,14 +335,14 @@ class Daemon:
     """The `ckptd` at `binary`, started as `user`, on `directory` (the
     user's own)."""
 
-    def __init__(self, binary, directory, user):
+    def __init__(self, binary, directory, user, wrap=lambda argv: argv):
         self.socket = str(directory / "ckptd.sock")
         self.root = str(directory / "root")
         self.log = open(directory.parent / f"{directory.name}.log", "w")
         self.process = subprocess.Popen(
-            user.binary(binary, "--socket", self.socket,
-                        "--root", self.root, "--pool_bytes", str(64 << 20),
-                        "--max_sessions", "256", "--max_connections", "1024"),
+            wrap(user.binary(binary, "--socket", self.socket,
+                             "--root", self.root, "--pool_bytes", str(64 << 20),
+                             "--max_sessions", "256", "--max_connections", "1024")),
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket + ".session"):
@@ -397,6 +400,95 @@ def check_headers(venv, build_dir, log, env):
         crt = [h for h in headers if h.endswith("/crt/host_defines.h")]
         assert crt and all("/nvidia/" in h for h in crt), \
             f"the CUDA side's crt/ headers are not the wheels': {crt}"
+
+
+def check_portable_wheel(python, src, build_dir, work, env, user, log):
+    """8. The wheel for machines without the build dependencies (README,
+    "A wheel to carry"): `pip wheel` from the same build (nothing is
+    compiled again), scripts/portable-wheel.py, and `pip install` of the
+    result into a second fresh venv (torch linked in as before). Every
+    library its commands and modules load, past the C/C++ runtime and
+    torch's, is resolved from its ckptd.libs/ (ldd, the loader's own
+    answer), and its daemon and ckptctl, run as the ordinary user with the
+    system's copies of those libraries made unreadable (each bound over by
+    /dev/null in a mount namespace, when the test runs as root), serve
+    ckptd.torch's saves and restores from that venv."""
+    dist = work / "dist"
+    run("pip wheel <the repository>, from the same build",
+        [python, "-m", "pip", "--disable-pip-version-check", "wheel", "--no-build-isolation",
+         "--no-deps", "-w", dist, src], log,
+        env=dict(env, SKBUILD_BUILD_DIR=str(build_dir)), cwd=work)
+    built = sorted(dist.glob("ckptd-*.whl"))
+    assert len(built) == 1, f"pip wheel made {built}"
+    print(run("scripts/portable-wheel.py", [python, src / "scripts" / "portable-wheel.py",
+              built[0], work / "portable"], log, env=env, cwd=work).strip())
+    wheel = work / "portable" / built[0].name
+    with zipfile.ZipFile(wheel) as z:
+        bundled = sorted(pathlib.PurePath(n).name for n in z.namelist()
+                         if n.startswith("ckptd.libs/"))
+    for name in ("libgrpc++.so", "libprotobuf.so", "libabsl_status", "liburing.so",
+                 "libcurl.so", "libxxhash.so"):
+        assert any(b.startswith(name) for b in bundled), f"{name} is not in the wheel: {bundled}"
+
+    venv = work / "portable-venv"
+    run(f"python -m venv {venv}", [sys.executable, "-m", "venv", venv], log)
+    python = venv / "bin" / "python"
+    site = pathlib.Path(subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('platlib'))"],
+        check=True, stdout=subprocess.PIPE, text=True).stdout.strip())
+    link_torch(site, work / "torch-for-portable-venv")
+    env = dict(env, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv))
+    _, took = timed_run("pip install <the portable wheel> into a second fresh venv",
+                        [python, "-m", "pip", "--disable-pip-version-check", "install", wheel],
+                        log, env=env, cwd=work)
+    print(f"          installed in {took:.1f} s", flush=True)
+    libs = site / "ckptd.libs"
+    for elf in [venv / "bin" / "ckptd", venv / "bin" / "ckptctl", *(site / "ckptd").glob("*.so")]:
+        linked = run(f"ldd {elf.name}", ["ldd", elf], log, env=env)
+        for line in linked.splitlines():
+            parts = line.split()
+            if len(parts) < 3 or parts[1] != "=>" or re.match(
+                    r"(linux-vdso|ld-linux|lib(c|m|dl|rt|pthread|util|resolv|stdc\+\+|gcc_s)\.so|"
+                    r"lib(torch|c10|shm|cudart))", parts[0]):
+                continue
+            assert os.path.realpath(parts[2]).startswith(os.path.realpath(libs) + "/"), \
+                f"{elf} loads {parts[0]} from {parts[2]}, not from {libs}:\n{linked}"
+
+    # The system's copies of what the wheel carries, unreadable.
+    cache = subprocess.run(["/sbin/ldconfig", "-p"], check=True, stdout=subprocess.PIPE,
+                           text=True).stdout
+    system = sorted({os.path.realpath(line.split("=>")[1].strip())
+                     for line in cache.splitlines()
+                     if "=>" in line and line.split()[0] in bundled})
+    assert system, "none of the wheel's libraries is on this machine: nothing to hide"
+    masks = "".join(f"mount --bind /dev/null '{path}' && " for path in system)
+
+    def hidden(argv):
+        if not user.root:
+            return argv
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                masks + 'exec "$@"', "sh", *map(str, argv)]
+
+    print(f"          the system's copies of {len(system)} libraries hidden from the "
+          "wheel's ckptd and ckptctl" if user.root else
+          "          not root: the system's copies are not hidden (ldd alone)", flush=True)
+    user_env = dict(env, HOME=str(user.owned_dir(work / "portable-home")))
+    daemon = Daemon(venv / "bin" / "ckptd", user.owned_dir(work / "portable-daemon"), user,
+                    wrap=hidden)
+    try:
+        print(run("ckptd.torch and ckptd.Client save and restore through the portable "
+                  "wheel's package and ckptd",
+                  user.python(python, "-c", CLIENT_SNIPPET, daemon.socket, site), log,
+                  env=user_env, cwd=work).strip())
+        listed = json.loads(run("the portable wheel's ckptctl lists them",
+                                hidden(user.binary(venv / "bin" / "ckptctl", "--socket",
+                                                   daemon.socket, "list", "--json")),
+                                log, env=user_env, cwd=work))
+        assert sorted((c["job"], c["checkpoint"]) for c in listed["checkpoints"]) == \
+            [("pip", "step-1"), ("pip", "step-2"), ("pip-numpy", "step-1")], listed
+    finally:
+        stopped = daemon.stop()
+    assert stopped == 0, f"the portable wheel's ckptd exited {stopped} at SIGTERM"
 
 
 def main():
@@ -539,6 +631,7 @@ def main():
         run("the simulated-device tests (test_gpu) through the installed package and ckptd",
             [python, "-m", "unittest", "-q", "test_gpu"], log,
             env=dict(env, CKPTD_BINARY=str(ckptd_bin)), cwd=src / "tests" / "python")
+        check_portable_wheel(python, src, build_dir, work, env, user, log)
         return 0
     except Skip as e:
         print(f"SKIPPED: {e}")
