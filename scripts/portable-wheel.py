@@ -11,9 +11,9 @@ libraries from the system (docs/ARCHITECTURE.md, "Installed with pip").
 This copies every shared library they load into `ckptd.libs/` inside the
 wheel, and sets the run paths (`patchelf`, Debian's package) so that each
 finds them there first: the modules as `$ORIGIN/../ckptd.libs`, the
-binaries through the path from the scripts directory to site-packages of
-this Python's scheme (a venv's `bin` to `lib/python3.X/site-packages`), the
-copied libraries each other as `$ORIGIN`. What is not copied: the C and C++
+binaries through the path from a venv's `bin` to its
+`lib/python3.X/site-packages`, the copied libraries each other as
+`$ORIGIN`. What is not copied: the C and C++
 runtimes every Linux has (glibc, libstdc++, libgcc_s), which must be as new
 as here (Debian 12: glibc 2.36), and what torch brings (its own libraries,
 and libcudart from its CUDA wheels, which the package must share with it).
@@ -116,9 +116,12 @@ def main():
             patch_rpath(copy, "$ORIGIN")
         for module in modules:
             patch_rpath(module, f"$ORIGIN/../{LIBS_DIR}")
-        # The scripts land in the scheme's scripts directory; the package in
-        # its platlib (the layout pip installs into, a venv's too).
-        site = os.path.relpath(sysconfig.get_path("platlib"), sysconfig.get_path("scripts"))
+        # The scripts land in the scheme's scripts directory, the package in
+        # its platlib: a venv's layout (bin/, lib/python3.X/site-packages/),
+        # which `pip install --user` and a prefix install share, whatever
+        # the layout of the Python this runs with (Debian's is dist-packages).
+        venv = sysconfig.get_paths(scheme="venv")
+        site = os.path.relpath(venv["platlib"], venv["scripts"])
         for script in scripts:
             patch_rpath(script, f"$ORIGIN/{site}/{LIBS_DIR}")
         record = dist_info[0] / "RECORD"
