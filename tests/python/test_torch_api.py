@@ -37,6 +37,12 @@ def random_tensor(shape, dtype, g):
     return (t.view(torch.uint8) & 1).bool() if dtype == torch.bool else t
 
 
+# Bytes a second: a one-rank save of the cancel test's state took 0.75 s
+# to commit at 32 KiB/s (after the first, which the cap's one-second burst
+# covers), against 3 to 4 ms uncapped; at this cap, two ranks' take seconds.
+WRITE_CAP_FOR_CANCEL = 16 << 10
+
+
 class TinyModel(torch.nn.Module):
     def __init__(self, tied=False):
         super().__init__()
@@ -299,7 +305,8 @@ def save_call_waits_for_no_peer_rank(socket, store, rank, world, job):
     (the replica exchange and the save RPC run on the package's submit
     thread); the save is STAGED and committed once both have. A save
     cancelled before it reached the daemon is cancelled once it does, on
-    every rank, and the previous checkpoint stays the latest."""
+    every rank, and the previous checkpoint stays the latest (the caller's
+    daemon has a write cap, so that the commit cannot beat the cancel)."""
     import datetime
     dist = _init(store, rank, world)
     signal = dist.FileStore(store + "-signal", world)
@@ -582,9 +589,19 @@ class TorchApiTest(WithDaemon):
                                    "dtensor-plan"), [0])
 
     def test_the_save_call_returns_before_the_peers_save_and_cancel_reaches_the_daemon(self):
-        store = os.path.join(self.daemon.dir, "gloo-submit")
-        self.assertEqual(run_ranks(save_call_waits_for_no_peer_rank, 2, self.daemon.socket,
-                                   store, "submit"), [0, 0])
+        # Rank 0 cancels its save before the save is submitted; its part
+        # reaches the daemon with rank 1's, and the cancel right after.
+        # Uncapped, the daemon can commit this small save in that moment
+        # (seen once in CI on the loaded 2-core machine): a write cap of
+        # its own keeps the commit seconds away, so the test shows that
+        # the cancel arrives, not which of the two is faster.
+        daemon = Daemon(flags=("--write_rate_limit", str(WRITE_CAP_FOR_CANCEL)))
+        try:
+            store = os.path.join(daemon.dir, "gloo-submit")
+            self.assertEqual(run_ranks(save_call_waits_for_no_peer_rank, 2, daemon.socket,
+                                       store, "submit"), [0, 0])
+        finally:
+            daemon.stop()
 
     def test_stock_dcp_loads_the_tensors_saved_through_ckptd_torch(self):
         import torch.distributed.checkpoint as dcp

@@ -186,7 +186,10 @@ class AsyncSaveResponse:
 
     def cancel(self) -> None:
         """Cancels the save (every rank's part); one not yet submitted is
-        cancelled as soon as it is."""
+        cancelled as soon as it is. The cancel reaches the daemon just after
+        this rank's part: where the other ranks' parts are already there and
+        the save is small, the daemon may commit it first (milliseconds);
+        the futures say which happened."""
         with self._lock:
             self._cancel_requested = True
             handle = self._handle
